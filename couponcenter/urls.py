@@ -1,0 +1,16 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from couponcenter.api import health
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/", include("couponcenter.api.urls")),
+    path("api/", include("reminders.api.urls")),
+    path("api/", include("expiry.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("healthz/", health.healthz, name="healthz"),
+    path("metrics", health.metrics, name="metrics"),
+]

@@ -1,0 +1,174 @@
+"""Reminders and timeout jobs: the database side (the source of truth).
+
+PostgreSQL holds every job and subscription with its status; Redis holds only the schedule (which id
+is due when, and which are in flight). A write commits here first and is indexed in Redis on commit;
+``rebuild_reminder_queues`` and the worker's reconcile re-index from these tables.
+"""
+
+from datetime import timedelta
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+
+class TimeoutJob(models.Model):
+    """A generic "do X at time T" job (article 001's task table)."""
+
+    class Status(models.IntegerChoices):
+        PENDING = 0, "Pending"
+        PROCESSED = 2, "Processed"
+        CANCELLED = 3, "Cancelled"
+        # Past its attempt limit: it sits in the topic's dead queue until requeued or purged.
+        DEAD = 4, "Dead"
+
+    job_id = models.BigAutoField(primary_key=True)
+    topic = models.CharField(max_length=64)
+    biz_type = models.CharField(max_length=64)
+    biz_id = models.CharField(max_length=128)
+    status = models.PositiveSmallIntegerField(choices=Status.choices, default=Status.PENDING)
+    action_time = models.DateTimeField()
+    attribute = models.JSONField(default=dict, blank=True)
+    slot = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    gmt_create = models.DateTimeField(auto_now_add=True)
+    gmt_modified = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["topic", "biz_type", "biz_id"],
+                condition=Q(status=0),
+                name="timeoutjob_one_pending_per_biz",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["status", "action_time"], name="timeoutjob_due"),
+            models.Index(fields=["biz_type", "biz_id"], name="timeoutjob_biz"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.topic} job {self.job_id} ({self.biz_type}:{self.biz_id})"
+
+
+class ReminderSubscription(models.Model):
+    """A user asked to be reminded before ``coupon`` opens; unique per (user, coupon)."""
+
+    class Status(models.TextChoices):
+        SCHEDULED = "scheduled", "Scheduled"
+        SENT = "sent", "Sent"
+        CANCELLED = "cancelled", "Cancelled"
+        DROPPED = "dropped", "Dropped"
+        FAILED = "failed", "Failed"
+
+    coupon = models.ForeignKey(
+        "couponcenter.Coupon", on_delete=models.CASCADE, related_name="reminder_subscriptions"
+    )
+    user_id = models.BigIntegerField()
+    remind_at = models.DateTimeField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.SCHEDULED)
+    # The engine slot the entry was indexed in; kept so cancel finds it after a slot-count change.
+    slot = models.PositiveIntegerField(default=0)
+    drop_reason = models.CharField(max_length=32, blank=True, default="")
+    sent_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user_id", "coupon"], name="subscription_one_per_user")
+        ]
+        indexes = [
+            models.Index(fields=["coupon", "status"], name="subscription_coupon_status"),
+            models.Index(fields=["status", "remind_at"], name="subscription_due"),
+        ]
+
+    def __str__(self) -> str:
+        return f"user {self.user_id} -> coupon {self.coupon_id} at {self.remind_at:%H:%M:%S}"
+
+
+class Notification(models.Model):
+    """The inbox, and the ledger that makes delivery exactly-once for the user."""
+
+    user_id = models.BigIntegerField()
+    dedup_key = models.CharField(max_length=200)
+    kind = models.CharField(max_length=32, default="coupon_reminder")
+    title = models.CharField(max_length=200, blank=True, default="")
+    body = models.TextField(blank=True, default="")
+    payload = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user_id", "dedup_key"], name="notification_once")
+        ]
+        indexes = [models.Index(fields=["user_id", "-created_at"], name="notification_inbox")]
+
+    def __str__(self) -> str:
+        return f"to {self.user_id}: {self.title or self.kind}"
+
+
+def _power_of_two(value: int) -> None:
+    from django.core.exceptions import ValidationError
+
+    if value < 1 or value & (value - 1):
+        raise ValidationError(f"{value} is not a power of two (1, 2, 4, 8, ...).")
+
+
+class ReminderSettings(models.Model):
+    """Live configuration of the reminder workers: one row, edited in the admin.
+
+    Workers poll ``version`` every tick and pick a change up without a restart; every save bumps it
+    (``queryset.update()`` callers must bump it explicitly, as django-celery-beat does).
+    """
+
+    class LatePolicy(models.TextChoices):
+        SEND = "send", "Send however late"
+        DROP = "drop", "Drop when later than the late limit"
+
+    class Gateway(models.TextChoices):
+        INBOX = "inbox", "Inbox (Notification rows)"
+        WEBHOOK = "webhook", "Webhook (signed HTTP POST)"
+        LOG = "log", "Log only"
+
+    slots = models.PositiveIntegerField(
+        default=16, validators=[_power_of_two, MaxValueValidator(4096)]
+    )
+    batch_size = models.PositiveIntegerField(
+        default=2000, validators=[MinValueValidator(1), MaxValueValidator(50_000)]
+    )
+    tick_interval_ms = models.PositiveIntegerField(
+        default=1000, validators=[MinValueValidator(10), MaxValueValidator(60_000)]
+    )
+    visibility_timeout_ms = models.PositiveIntegerField(
+        default=60_000, validators=[MinValueValidator(1000), MaxValueValidator(3_600_000)]
+    )
+    max_attempts = models.PositiveIntegerField(
+        default=3, validators=[MinValueValidator(1), MaxValueValidator(100)]
+    )
+    backoff_ms = models.PositiveIntegerField(
+        default=2000, validators=[MinValueValidator(0), MaxValueValidator(3_600_000)]
+    )
+    merge_window_ms = models.PositiveIntegerField(
+        default=1000, validators=[MaxValueValidator(3_600_000)]
+    )
+    late_policy = models.CharField(max_length=8, choices=LatePolicy.choices, default="send")
+    late_limit = models.DurationField(default=timedelta(minutes=5))
+    paused = models.BooleanField(default=False)
+    gateway = models.CharField(max_length=10, choices=Gateway.choices, default="inbox")
+    # Backpressure: claiming slows when the Celery delivery queue is deeper than this.
+    max_delivery_queue = models.PositiveIntegerField(default=200)
+    # Console warnings.
+    backlog_warning = models.PositiveIntegerField(default=10_000)
+    lateness_warning_ms = models.PositiveIntegerField(default=1000)
+    version = models.PositiveIntegerField(default=1, editable=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "reminder settings"
+        verbose_name_plural = "reminder settings"
+
+    def __str__(self) -> str:
+        return f"Reminder settings v{self.version}"

@@ -1,0 +1,71 @@
+"""Shared fixtures: a real Redis (``REDIS_URL`` or the embedded server) with a key prefix per test.
+
+Tests never flush a Redis database they did not create: each test gets its own key prefix
+(``settings.REDIS_KEY_PREFIX``) and deletes exactly the keys under it afterwards.
+"""
+
+import os
+import uuid
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from couponcenter.redis import get_redis
+
+
+def pytest_configure(config):
+    # Embedded Redis for a laptop with nothing installed: start it before any test imports a client.
+    if not os.environ.get("REDIS_URL"):
+        from couponcenter.redis import ensure_embedded_server
+
+        ensure_embedded_server()
+
+
+def pytest_collection_modifyitems(config, items):
+    on_postgres = connection.vendor == "postgresql"
+    skip_pg = pytest.mark.skip(reason="needs PostgreSQL: set DATABASE_URL=postgres://... (CI does)")
+    for item in items:
+        if "postgres" in item.keywords and not on_postgres:
+            item.add_marker(skip_pg)
+
+
+@pytest.fixture
+def redis_client():
+    return get_redis()
+
+
+@pytest.fixture(autouse=True)
+def redis_prefix(settings, redis_client):
+    """A fresh key prefix for this test; its keys are deleted afterwards."""
+    prefix = f"cctest-{uuid.uuid4().hex[:12]}"
+    settings.REDIS_KEY_PREFIX = prefix
+    yield prefix
+    delete_keys(redis_client, f"{prefix}:*")
+
+
+def delete_keys(client, pattern: str) -> None:
+    from couponcenter.redis import is_cluster
+
+    if is_cluster(client):
+        for node in client.get_primaries():
+            keys = list(client.scan_iter(match=pattern, count=1000, target_nodes=node))
+            for key in keys:
+                client.delete(key)
+        return
+    batch = []
+    for key in client.scan_iter(match=pattern, count=1000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            client.delete(*batch)
+            batch.clear()
+    if batch:
+        client.delete(*batch)
+
+
+@pytest.fixture
+def on_postgres():
+    return connection.vendor == "postgresql"
+
+
+__all__ = ["delete_keys", "settings"]

@@ -215,3 +215,33 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# --- Timeout topics
+# Generic topics usable through /api/timeouts/ (``coupon.reminder`` is built in). Each is
+# {"type": "log" | "callable" | "celery" | "http", "slots": power of two, "max_attempts": n,
+#  "path": "module.function" (callable), "task": "celery.task.name" (celery),
+#  "url": "https://...", "secret": "..." (http)}. Override with TIMEOUT_TOPICS_JSON.
+TIMEOUT_TOPICS = {
+    "timeout.default": {"type": "log", "slots": 8},
+    "order.close": {"type": "celery", "task": "reminders.tasks.log_timeout_job", "slots": 8},
+}
+if os.environ.get("TIMEOUT_TOPICS_JSON"):
+    import json
+
+    try:
+        TIMEOUT_TOPICS = json.loads(os.environ["TIMEOUT_TOPICS_JSON"])
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"TIMEOUT_TOPICS_JSON is not valid JSON: {exc}") from exc
+# The http topic type refuses plain-HTTP targets unless this is on (tests, local receivers).
+WEBHOOK_ALLOW_HTTP = _env_bool("WEBHOOK_ALLOW_HTTP", DEBUG)
+WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "5"))
+WORKER_LEASE_MS = int(os.environ.get("WORKER_LEASE_MS", "5000"))
+# The worker re-indexes pending jobs due within this window from the database on this schedule.
+RECONCILE_WINDOW_S = int(os.environ.get("RECONCILE_WINDOW_S", "600"))
+RECONCILE_EVERY_S = int(os.environ.get("RECONCILE_EVERY_S", "60"))
+# Delivery: the webhook gateway's target and HMAC secret, and where alerts go (chat webhook).
+NOTIFY_WEBHOOK_URL = os.environ.get("NOTIFY_WEBHOOK_URL", "")
+NOTIFY_WEBHOOK_SECRET = os.environ.get("NOTIFY_WEBHOOK_SECRET", "")
+ALERT_WEBHOOK_URL = os.environ.get("ALERT_WEBHOOK_URL", "")
+# Celery queue that carries reminder batches (the dispatcher watches its depth for backpressure).
+DELIVERY_QUEUE = os.environ.get("DELIVERY_QUEUE", "celery")

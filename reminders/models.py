@@ -43,6 +43,7 @@ class TimeoutJob(models.Model):
                 name="timeoutjob_one_pending_per_biz",
             )
         ]
+        permissions = [("manage_timeouts", "Can create, read and cancel timeout jobs over the API")]
         indexes = [
             models.Index(fields=["status", "action_time"], name="timeoutjob_due"),
             models.Index(fields=["biz_type", "biz_id"], name="timeoutjob_biz"),

@@ -1,1 +1,24 @@
-urlpatterns: list = []
+from django.urls import path
+
+import couponcenter.api.urls  # noqa: F401  (registers the "id" path converter)
+from reminders.api import notifications, subscriptions, timeouts
+
+urlpatterns = [
+    path("timeouts/", timeouts.TimeoutJobCreateApi.as_view(), name="timeout-create"),
+    path("timeouts/<id:job_id>/", timeouts.TimeoutJobDetailApi.as_view(), name="timeout-detail"),
+    path(
+        "users/<id:user_id>/reminders/",
+        subscriptions.SubscriptionListApi.as_view(),
+        name="user-reminder-list",
+    ),
+    path(
+        "users/<id:user_id>/reminders/<id:coupon_id>/",
+        subscriptions.SubscriptionDetailApi.as_view(),
+        name="user-reminder-detail",
+    ),
+    path(
+        "users/<id:user_id>/notifications/",
+        notifications.NotificationListApi.as_view(),
+        name="user-notification-list",
+    ),
+]

@@ -1,0 +1,59 @@
+"""A user's reminders: subscribe, unsubscribe, list."""
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from couponcenter.api.pagination import Pagination
+from couponcenter.api.permissions import ActsForUser
+from couponcenter.models import Coupon
+from reminders import selectors, services
+from reminders.models import ReminderSubscription
+
+
+class SubscriptionOutputSerializer(serializers.ModelSerializer):
+    coupon_name = serializers.CharField(source="coupon.name", read_only=True)
+
+    class Meta:
+        model = ReminderSubscription
+        fields = [
+            "id", "coupon", "coupon_name", "user_id", "remind_at", "status", "drop_reason",
+            "sent_at", "created_at",
+        ]  # fmt: skip
+
+
+class SubscriptionListApi(APIView):
+    permission_classes = [ActsForUser]
+
+    @extend_schema(responses=SubscriptionOutputSerializer(many=True))
+    def get(self, request, user_id: int):
+        subs = selectors.subscription_list(user_id=user_id)
+        paginator = Pagination()
+        page = paginator.paginate_queryset(subs, request, view=self)
+        return paginator.get_paginated_response(SubscriptionOutputSerializer(page, many=True).data)
+
+
+class SubscriptionDetailApi(APIView):
+    permission_classes = [ActsForUser]
+
+    @extend_schema(
+        request=None,
+        responses={200: SubscriptionOutputSerializer, 201: SubscriptionOutputSerializer},
+        description="Subscribe (idempotent): 201 when created, 200 when it already existed. "
+        "409 codes: cancelled, closed, already_open.",
+    )
+    def put(self, request, user_id: int, coupon_id: int):
+        coupon = get_object_or_404(Coupon, pk=coupon_id)
+        sub, created = services.subscription_subscribe(user_id=user_id, coupon=coupon)
+        return Response(
+            SubscriptionOutputSerializer(sub).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request, user_id: int, coupon_id: int):
+        get_object_or_404(Coupon, pk=coupon_id)
+        services.subscription_unsubscribe(user_id=user_id, coupon_id=coupon_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)

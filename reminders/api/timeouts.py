@@ -1,0 +1,76 @@
+"""Generic timeout jobs: create, read, cancel."""
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from reminders import services
+from reminders.models import TimeoutJob
+
+
+class CanManageTimeouts(BasePermission):
+    message = "Timeout jobs need staff or the manage_timeouts permission."
+
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        return bool(
+            user
+            and user.is_authenticated
+            and (user.is_staff or user.has_perm("reminders.manage_timeouts"))
+        )
+
+
+class TimeoutJobOutputSerializer(serializers.ModelSerializer):
+    status = serializers.CharField(source="get_status_display")
+    status_code = serializers.IntegerField(source="status")
+
+    class Meta:
+        model = TimeoutJob
+        fields = [
+            "job_id", "topic", "biz_type", "biz_id", "status", "status_code", "action_time",
+            "attribute", "attempts", "last_error", "gmt_create", "gmt_modified",
+        ]  # fmt: skip
+
+
+class TimeoutJobInputSerializer(serializers.Serializer):
+    topic = serializers.CharField(max_length=64)
+    biz_type = serializers.CharField(max_length=64)
+    biz_id = serializers.CharField(max_length=128)
+    action_time = serializers.DateTimeField()
+    attribute = serializers.JSONField(required=False, default=dict)
+
+    def validate_attribute(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("Must be a JSON object.")
+        if len(str(value)) > 16_000:
+            raise serializers.ValidationError("Too large (16 kB at most).")
+        return value
+
+
+class TimeoutJobCreateApi(APIView):
+    permission_classes = [CanManageTimeouts]
+
+    @extend_schema(request=TimeoutJobInputSerializer, responses={201: TimeoutJobOutputSerializer})
+    def post(self, request):
+        data = TimeoutJobInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = services.timeout_job_create(**data.validated_data)
+        return Response(TimeoutJobOutputSerializer(job).data, status=status.HTTP_201_CREATED)
+
+
+class TimeoutJobDetailApi(APIView):
+    permission_classes = [CanManageTimeouts]
+
+    @extend_schema(responses=TimeoutJobOutputSerializer)
+    def get(self, request, job_id: int):
+        job = get_object_or_404(TimeoutJob, pk=job_id)
+        return Response(TimeoutJobOutputSerializer(job).data)
+
+    @extend_schema(request=None, responses=TimeoutJobOutputSerializer)
+    def delete(self, request, job_id: int):
+        job = get_object_or_404(TimeoutJob, pk=job_id)
+        job = services.timeout_job_cancel(job=job)
+        return Response(TimeoutJobOutputSerializer(job).data)

@@ -1,0 +1,311 @@
+"""The dispatch loop: one object per worker process, ``run_once()`` per tick.
+
+A tick: read the config, heartbeat, work out which slots this worker should own, sync the slot
+leases, reap expired in-flight entries if we hold the reaper singleton, then claim due entries
+batch by batch, round-robin over the owned slots (starting where the shared INCR counter points),
+hand each batch to its topic's handler and ack / nack / bury per item. A tick stops claiming when
+every slot came back short or its time budget (a third of the lease time) is spent; the loop then
+sleeps until the next tick or the earliest due entry in the owned slots, whichever is sooner.
+
+A batch whose ack or nack hits LeaseLost is dropped in hand: another worker owns the slot now,
+and the entries come back to it through the reaper after the visibility timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from couponcenter.redis import Client
+
+from . import leases, queue
+from .scripts import Claimed, LeaseLost
+from .topics import (
+    OK,
+    ConfigProvider,
+    EngineSettings,
+    Outcome,
+    Result,
+    Retry,
+    Topic,
+    TopicSettings,
+    all_topics,
+)
+
+log = logging.getLogger("reminders.engine")
+
+MIN_SLEEP_S = 0.005  # never spin: even with work due "now" give Redis and the handler room
+ERROR_SLEEP_S = 1.0  # after a failed tick (Redis down, handler bug in setup)
+REAP_LIMIT = 1000  # expired in-flight entries moved back per slot per tick
+PRUNE_EVERY_MS = 10_000  # how often the reaper forgets drained layouts and long-dead workers
+_DONE = (Outcome.OK, Outcome.DROP)
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class TickReport:
+    claimed: int = 0
+    acked: int = 0
+    dropped: int = 0
+    retried: int = 0
+    dead: int = 0
+    lease_lost: int = 0
+    reaped: int = 0
+    owned: dict[str, list[int]] = field(default_factory=dict)
+    busy: bool = False  # stopped on the time budget with full batches still coming
+    next_due_ms: int | None = None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        topics: Sequence[Topic] | None = None,
+        *,
+        config: ConfigProvider | None = None,
+        worker_id: str | None = None,
+        client: Client | None = None,
+        clock: Callable[[], int] = wall_ms,
+        version: str = "",
+        on_error: Callable[[BaseException], None] | None = None,
+        housekeeping: Sequence[Callable[[], None]] = (),
+        may_claim: Callable[[Topic], bool] | None = None,
+    ):
+        """``housekeeping``: callables run every tick by exactly one worker (a singleton lease),
+        e.g. the database reconcile. ``may_claim(topic)``: backpressure; False skips claiming
+        that topic this tick (its due entries wait in Redis)."""
+        self._topics = list(topics) if topics is not None else None
+        self.config = config or EngineSettings
+        self.worker_id = worker_id or leases.new_worker_id()
+        self.client = client
+        self.clock = clock
+        self.version = version
+        self.on_error = on_error
+        self.housekeeping = list(housekeeping)
+        self.may_claim = may_claim or (lambda topic: True)
+        self.started_ms = clock()
+        self.leases = leases.SlotLeases(self.worker_id, client=client)
+        self._stop = threading.Event()
+        self._layouts_seen: dict[str, int] = {}
+        self._last_prune_ms = 0
+
+    def topics(self) -> list[Topic]:
+        return self._topics if self._topics is not None else all_topics()
+
+    # --- one tick ---------------------------------------------------------------------------------
+
+    def run_once(self) -> TickReport:
+        cfg = self.config()
+        self.leases.ttl_ms = cfg.lease_ms
+        topics = [(topic, cfg.for_topic(topic)) for topic in self.topics()]
+        served = {topic.name: self._served_slots(topic, ts) for topic, ts in topics}
+        self._heartbeat(cfg)
+        live = leases.live_workers(now_ms=self.clock(), lease_ms=cfg.lease_ms, client=self.client)
+        wanted = {
+            name: leases.assign_slots(self.worker_id, live, name, n) for name, n in served.items()
+        }
+        for topic, slot in self.leases.sync(wanted).lost:
+            log.warning("lease lost on %s:%s", topic, slot)
+        report = TickReport(owned={t.name: self.leases.owned(t.name) for t, _ in topics})
+        self._reap(topics, served, cfg, report)
+        self._housekeep(cfg)
+        working = [(topic, ts) for topic, ts in topics if not ts.paused and self.may_claim(topic)]
+        self._claim_round_robin(working, report, budget_ms=cfg.lease_ms // 3)
+        report.next_due_ms = self._next_due(working)
+        return report
+
+    def _served_slots(self, topic: Topic, ts: TopicSettings) -> int:
+        if self._layouts_seen.get(topic.name) != ts.slots:
+            queue.record_layout(topic.name, ts.slots, client=self.client)
+            self._layouts_seen[topic.name] = ts.slots
+        return queue.served_slot_count(topic.name, ts.slots, client=self.client)
+
+    def _heartbeat(self, cfg: EngineSettings) -> None:
+        info = leases.WorkerInfo(
+            worker_id=self.worker_id,
+            heartbeat_ms=self.clock(),
+            host=self.worker_id.split(":")[0],
+            pid=os.getpid(),
+            version=self.version,
+            started_ms=self.started_ms,
+            config_version=cfg.version,
+            owned={t.name: self.leases.owned(t.name) for t in self.topics()},
+        )
+        leases.heartbeat(info, client=self.client)
+
+    def _reap(
+        self, topics, served: dict[str, int], cfg: EngineSettings, report: TickReport
+    ) -> None:
+        if not leases.try_singleton("reaper", self.worker_id, cfg.lease_ms, client=self.client):
+            return
+        now = self.clock()
+        for topic, ts in topics:
+            result = queue.reap(topic.name, range(served[topic.name]), now_ms=now, limit=REAP_LIMIT,
+                                max_attempts=ts.max_attempts, client=self.client)  # fmt: skip
+            report.reaped += result.retried + result.dead
+        if now - self._last_prune_ms >= PRUNE_EVERY_MS:
+            self._last_prune_ms = now
+            for topic, ts in topics:
+                queue.prune_layouts(topic.name, ts.slots, client=self.client)
+            leases.prune_workers(now_ms=now, older_than_ms=10 * cfg.lease_ms, client=self.client)
+
+    def _housekeep(self, cfg: EngineSettings) -> None:
+        if not self.housekeeping or not leases.try_singleton(
+            "housekeeping", self.worker_id, cfg.lease_ms, client=self.client
+        ):
+            return
+        for job in self.housekeeping:
+            try:
+                job()
+            except Exception as exc:  # one failing chore must not stop dispatch
+                log.exception("housekeeping %r failed", job)
+                if self.on_error:
+                    self.on_error(exc)
+
+    def _claim_round_robin(self, topics, report: TickReport, *, budget_ms: int) -> None:
+        active = [
+            (topic, ts, slot)
+            for topic, ts in topics
+            for slot in leases.poll_order(
+                topic.name, self.leases.owned(topic.name), client=self.client
+            )
+        ]
+        deadline = self.clock() + budget_ms
+        while active and not self._stop.is_set():
+            if self.clock() >= deadline:
+                report.busy = True
+                return
+            active = [item for item in active if self._one_batch(*item, report)]
+
+    def _one_batch(self, topic: Topic, ts: TopicSettings, slot: int, report: TickReport) -> bool:
+        """Claim and handle one batch; True when it was full (more may be due)."""
+        token = self.leases.token(topic.name, slot)
+        if token is None:
+            return False
+        try:
+            entries = queue.claim(topic.name, slot, now_ms=self.clock(), limit=ts.batch_size,
+                                  visibility_ms=ts.visibility_ms, lease_token=token,
+                                  with_due=topic.needs_due, client=self.client)  # fmt: skip
+            if entries:
+                report.claimed += len(entries)
+                self._settle(topic, ts, slot, token, entries, report)
+        except LeaseLost:
+            log.warning("lease lost on %s:%s; dropping the batch in hand", topic.name, slot)
+            self.leases.drop(topic.name, slot)
+            report.lease_lost += 1
+            return False
+        return len(entries) >= ts.batch_size
+
+    def _settle(self, topic, ts, slot, token, entries: list[Claimed], report: TickReport) -> None:
+        results = self._handle(topic, entries)
+        done = [e.job_id for e, r in zip(entries, results, strict=True) if r.outcome in _DONE]
+        retry = [(e.job_id, r.error) for e, r in zip(entries, results, strict=True)
+                 if r.outcome is Outcome.RETRY]  # fmt: skip
+        bury = [(e.job_id, r.error) for e, r in zip(entries, results, strict=True)
+                if r.outcome is Outcome.DEAD]  # fmt: skip
+        kw = {"lease_token": token, "client": self.client}
+        report.acked += queue.ack(topic.name, slot, done, **kw)
+        report.dropped += sum(1 for r in results if r.outcome is Outcome.DROP)
+        now = self.clock()
+        nacked = queue.nack(topic.name, slot, retry, now_ms=now, max_attempts=ts.max_attempts,
+                            backoff_base_ms=ts.backoff_base_ms, backoff_cap_ms=ts.backoff_cap_ms,
+                            **kw)  # fmt: skip
+        buried = queue.bury(topic.name, slot, bury, now_ms=now, **kw) if bury else None
+        report.retried += nacked.retried
+        report.dead += nacked.dead + (buried.dead if buried else 0)
+
+    def _handle(self, topic: Topic, entries: list[Claimed]) -> list[Result]:
+        try:
+            results = topic.handler(entries)
+            if isinstance(results, dict):
+                return [results.get(e.job_id, OK) for e in entries]
+            results = list(results)
+            if len(results) != len(entries):
+                raise ValueError(f"handler returned {len(results)} results for {len(entries)}")
+            return results
+        except Exception as exc:  # a handler bug must not kill the worker: retry the batch
+            log.exception("handler for %s failed on %d entries", topic.name, len(entries))
+            return [Retry(f"{type(exc).__name__}: {exc}"[:500])] * len(entries)
+
+    def _next_due(self, topics) -> int | None:
+        dues = [queue.earliest_due(t.name, self.leases.owned(t.name), client=self.client)
+                for t, _ in topics]  # fmt: skip
+        dues = [d for d in dues if d is not None]
+        return min(dues) if dues else None
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def run_until_idle(self, max_ticks: int = 1000) -> TickReport:
+        """``--once``: tick until nothing due is left in our slots (or ``max_ticks``)."""
+        total = TickReport()
+        for _ in range(max_ticks):
+            report = self.run_once()
+            for name in ("claimed", "acked", "dropped", "retried", "dead", "lease_lost", "reaped"):
+                setattr(total, name, getattr(total, name) + getattr(report, name))
+            total.owned = report.owned
+            if not report.busy and (
+                report.next_due_ms is None or report.next_due_ms > self.clock()
+            ):
+                break
+        return total
+
+    def run_forever(self, *, install_signals: bool = True) -> None:
+        if install_signals:
+            self.install_signal_handlers()
+        log.info("worker %s starting", self.worker_id)
+        next_tick = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                try:
+                    report = self.run_once()
+                except Exception as exc:
+                    log.exception("tick failed")
+                    if self.on_error:
+                        self.on_error(exc)
+                    self._stop.wait(ERROR_SLEEP_S)
+                    continue
+                next_tick = self._sleep(report, next_tick)
+        finally:
+            self.shutdown()
+
+    def _sleep(self, report: TickReport, next_tick: float) -> float:
+        """Drift-corrected: ticks stay on a fixed grid; wake sooner for work due before then."""
+        cfg = self.config()
+        now = time.monotonic()
+        next_tick = max(next_tick + cfg.tick_ms / 1000, now)  # behind: skip, don't burst
+        wake = min(next_tick, now + cfg.lease_ms / 3000)  # renew leases well before they expire
+        if report.busy:
+            wake = now
+        elif report.next_due_ms is not None:
+            wake = min(wake, now + max(0.0, (report.next_due_ms - self.clock()) / 1000))
+        self._stop.wait(max(wake - now, MIN_SLEEP_S))
+        return next_tick
+
+    def stop(self, *_: object) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+
+    def shutdown(self) -> None:
+        """Hand our slots over at once instead of after the lease time."""
+        try:
+            self.leases.release_all()
+            leases.release_singleton("reaper", self.worker_id, client=self.client)
+            leases.release_singleton("housekeeping", self.worker_id, client=self.client)
+            leases.deregister(self.worker_id, client=self.client)
+        except Exception:
+            log.exception("worker %s: clean shutdown failed; leases will expire", self.worker_id)
+        log.info("worker %s stopped", self.worker_id)

@@ -1,0 +1,90 @@
+"""Every Redis key the engine touches, and the slot function. No other module builds a key name.
+
+Per (topic, slot) all keys share the hash tag ``{<topic>:<slot>}`` so that one Lua script may touch
+them all on a Redis Cluster (they live on one node)::
+
+    <prefix>:{<topic>:<slot>}:store    ZSET member = job id, score = due time (ms)
+    <prefix>:{<topic>:<slot>}:prepare  ZSET score = deadline_ms * 1000 + attempt (see scripts.py)
+    <prefix>:{<topic>:<slot>}:dead     ZSET score = time it died (ms)
+    <prefix>:{<topic>:<slot>}:meta     HASH "a:<id>" = attempts so far, "e:<id>" = last error
+    <prefix>:{<topic>:<slot>}:lease    STRING fencing token of the worker that owns the slot
+    <prefix>:{<topic>:<slot>}:fence    STRING counter, INCR'd for every new lease token
+
+Global keys have their own tags: the worker registry ``{<prefix>:workers}``, one key per singleton
+lease, the round-robin counter and the per-topic set of slot layouts (slot counts still in use).
+
+The prefix is ``settings.REDIS_KEY_PREFIX`` read at call time, so tests can give each test its own.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+
+from django.conf import settings
+
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+
+
+def prefix() -> str:
+    return getattr(settings, "REDIS_KEY_PREFIX", "cc")
+
+
+def slot_for(slot_basis: object, slots: int) -> int:
+    """Article 001's CRC32 slot choice (``slots`` a power of two)."""
+    return zlib.crc32(str(slot_basis).encode()) & (slots - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotKeys:
+    topic: str
+    slot: int
+    store: str
+    prepare: str
+    dead: str
+    meta: str
+    lease: str
+    fence: str
+
+
+def slot_keys(topic: str, slot: int) -> SlotKeys:
+    base = f"{prefix()}:{{{topic}:{slot}}}"
+    return SlotKeys(
+        topic=topic,
+        slot=slot,
+        store=f"{base}:store",
+        prepare=f"{base}:prepare",
+        dead=f"{base}:dead",
+        meta=f"{base}:meta",
+        lease=f"{base}:lease",
+        fence=f"{base}:fence",
+    )
+
+
+def workers_info() -> str:
+    """HASH worker id -> JSON (host, pid, version, started, owned slots, config version seen)."""
+    return f"{prefix()}:{{workers}}:info"
+
+
+def workers_beats() -> str:
+    """ZSET worker id -> last heartbeat (ms); same tag as ``workers_info`` so both move together."""
+    return f"{prefix()}:{{workers}}:beats"
+
+
+def singleton(name: str) -> str:
+    return f"{prefix()}:singleton:{name}"
+
+
+def round_robin(topic: str) -> str:
+    """Article 000's ``INCR`` counter choosing which owned slot a worker polls first."""
+    return f"{prefix()}:rr:{topic}"
+
+
+def layouts(topic: str) -> str:
+    """SET of slot counts that may still hold entries for ``topic`` (drained, then removed)."""
+    return f"{prefix()}:layouts:{topic}"
+
+
+def config_version() -> str:
+    return f"{prefix()}:config:version"

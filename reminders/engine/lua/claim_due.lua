@@ -1,0 +1,50 @@
+--[[ claim_due: move up to LIMIT due jobs from store to prepare (phase one of two).
+
+KEYS[1] store   KEYS[2] prepare   KEYS[3] meta   KEYS[4] lease
+ARGV[1] lease token   ARGV[2] now_ms   ARGV[3] limit   ARGV[4] visibility_ms
+ARGV[5] "1" to return due times, "0" to skip them (WITHSCORES is the costliest part of a claim)
+Returns: {-1} when the lease no longer holds our token (nothing moved);
+         {0, id1, due1, attempt1, id2, ...} otherwise, oldest due first; due is the store score as
+         a string, or 0 when not asked for.
+Prepare score = (now + visibility) * 1000 + attempt, attempt counted from 1 (capped at 999).
+]]
+-- @include common
+
+if not fence_ok(KEYS[4], ARGV[1]) then return {-1} end
+local with_due = ARGV[5] == '1'
+local limit = tonumber(ARGV[3])
+local rows, step
+if with_due then
+  rows = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'WITHSCORES', 'LIMIT', 0, limit)
+  step = 2
+else
+  rows = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, limit)
+  step = 1
+end
+local n = #rows / step
+if n == 0 then return {0} end
+-- The range started at -inf, so the rows are exactly ranks 0..n-1: one O(log N + n) removal.
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - 1)
+
+local ids = {}
+for i = 1, n do ids[i] = rows[step * i - step + 1] end
+local previous = attempts_of(KEYS[3], ids)
+local base = (tonumber(ARGV[2]) + tonumber(ARGV[4])) * 1000
+local score_of = {}  -- attempt -> formatted prepare score; a batch shares one deadline
+local out = {0}
+local zargs = {}
+for i = 1, n do
+  local attempt = math.min(previous[i] + 1, 999)
+  local score = score_of[attempt]
+  if not score then
+    score = fmt(base + attempt)
+    score_of[attempt] = score
+  end
+  zargs[2 * i - 1] = score
+  zargs[2 * i] = ids[i]
+  out[3 * i - 1] = ids[i]
+  out[3 * i] = with_due and rows[2 * i] or 0
+  out[3 * i + 1] = attempt
+end
+chunked('ZADD', KEYS[2], zargs)
+return out

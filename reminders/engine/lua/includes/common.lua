@@ -1,0 +1,51 @@
+-- Shared fragment, pasted in by scripts.py where a script says "-- @include common".
+-- Lua numbers are doubles and redis.call() formats them with "%.14g", which would round a prepare
+-- score (16 digits); every score handed to Redis goes through fmt() instead.
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+-- unpack() is limited by the Lua C stack (~8000 values): call `cmd key args...` in chunks.
+local function chunked(cmd, key, args)
+  local total = 0
+  for i = 1, #args, 4000 do
+    total = total + redis.call(cmd, key, unpack(args, i, math.min(i + 3999, #args)))
+  end
+  return total
+end
+
+-- The fencing check: the slot's lease key must still hold exactly our token. The token
+-- 'handed-on' settles entries a lease holder handed on to a deliverer (invariant 7); real tokens
+-- are "<fence>:<worker id>" and can never equal it.
+local function fence_ok(lease_key, token)
+  if token == 'handed-on' then return true end
+  return token ~= '' and redis.call('GET', lease_key) == token
+end
+
+-- Attempts recorded in the meta hash for `ids` (0 when none); one HMGET per chunk, none at all
+-- when the slot has no meta (the common case: nothing has failed).
+local function attempts_of(meta_key, ids)
+  local out = {}
+  if redis.call('EXISTS', meta_key) == 0 then
+    for i = 1, #ids do out[i] = 0 end
+    return out
+  end
+  for i = 1, #ids, 4000 do
+    local fields = {}
+    local last = math.min(i + 3999, #ids)
+    for j = i, last do fields[#fields + 1] = 'a:' .. ids[j] end
+    local got = redis.call('HMGET', meta_key, unpack(fields))
+    for j = i, last do out[j] = tonumber(got[j - i + 1]) or 0 end
+  end
+  return out
+end
+
+local function forget(meta_key, ids)
+  if #ids == 0 or redis.call('EXISTS', meta_key) == 0 then return end
+  local fields = {}
+  for i = 1, #ids do
+    fields[#fields + 1] = 'a:' .. ids[i]
+    fields[#fields + 1] = 'e:' .. ids[i]
+  end
+  chunked('HDEL', meta_key, fields)
+end

@@ -1,0 +1,346 @@
+"""The queue API: schedule, cancel, claim, ack, nack, reap, inspect and steer dead jobs.
+
+Every function takes the topic and the slot explicitly: the slot count of a topic can change at
+runtime, so the caller stores each job's slot (``slot_for(basis, slots)`` at schedule time) and
+uses it to cancel. Slot layouts (slot counts) still holding entries are kept in a per-topic set;
+workers serve ``served_slot_count()`` slots, which covers every old layout until it is drained
+(slot counts are powers of two, so a smaller layout's slots are a prefix of a larger one's).
+
+Every function accepts ``client=`` (default: ``couponcenter.redis.get_redis()``), standalone or
+cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from couponcenter.redis import Client, get_redis
+
+from . import keys, scripts
+from .keys import slot_for, slot_keys
+from .scripts import Claimed, NackResult, ReapResult
+
+SCHEDULE_CHUNK = 2000  # jobs per EVALSHA: big enough to amortise a round trip, small enough not to
+PIPELINE_CALLS = 64  # stall Redis; calls per pipeline flush keep client memory bounded
+
+
+@dataclass(frozen=True, slots=True)
+class SlotStats:
+    topic: str
+    slot: int
+    store: int  # scheduled, not yet claimed
+    due: int  # of those, due now
+    oldest_overdue_ms: int  # how late the most overdue one is (0: none overdue)
+    prepare: int  # claimed, in flight
+    dead: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadEntry:
+    job_id: str
+    died_ms: int
+    attempts: int
+    last_error: str
+
+
+def _c(client: Client | None) -> Client:
+    return client if client is not None else get_redis()
+
+
+# --- producing -----------------------------------------------------------------------------------
+
+
+def schedule(
+    topic: str, job_id: str, due_ms: int, *, slot: int, client: Client | None = None
+) -> bool:
+    """Schedule (or move) one job; True if it was not in the store before."""
+    return scripts.enqueue(_c(client), slot_keys(topic, slot), [(due_ms, job_id)]) == 1
+
+
+def schedule_many(
+    topic: str,
+    items: Iterable[tuple[str, int, int]],
+    *,
+    nx: bool = False,
+    client: Client | None = None,
+) -> int:
+    """Bulk schedule (job_id, due_ms, slot) items: grouped per slot, chunked, pipelined.
+
+    ``nx=True`` is the rebuild mode: jobs already in store, prepare or dead are left alone.
+    Returns the number of jobs newly added.
+    """
+    by_slot: dict[int, list] = {}
+    for job_id, due_ms, slot in items:
+        pairs = by_slot.get(slot)
+        if pairs is None:
+            pairs = by_slot[slot] = []
+        pairs.append((due_ms, job_id))
+    calls = []
+    for slot, pairs in by_slot.items():
+        k = slot_keys(topic, slot)
+        for i in range(0, len(pairs), SCHEDULE_CHUNK):
+            calls.append(scripts.enqueue_call(k, pairs[i : i + SCHEDULE_CHUNK], nx=nx))
+    added = 0
+    for i in range(0, len(calls), PIPELINE_CALLS):
+        added += sum(scripts.run_calls(_c(client), calls[i : i + PIPELINE_CALLS]))
+    return added
+
+
+def cancel(topic: str, job_id: str, *, slot: int, client: Client | None = None) -> str | None:
+    """Remove a job wherever it is in its slot; returns "store", "prepare", "dead" or None."""
+    return scripts.cancel(_c(client), slot_keys(topic, slot), job_id)
+
+
+def cancel_many(
+    topic: str, items: Iterable[tuple[str, int]], *, client: Client | None = None
+) -> int:
+    """Cancel (job_id, slot) pairs in pipelined batches; returns how many were found."""
+    client = _c(client)
+    calls = [scripts.cancel_call(slot_keys(topic, slot), job_id) for job_id, slot in items]
+    found = 0
+    for i in range(0, len(calls), PIPELINE_CALLS * 16):
+        found += sum(1 for r in scripts.run_calls(client, calls[i : i + PIPELINE_CALLS * 16]) if r)
+    return found
+
+
+def cancel_anywhere(
+    topic: str, job_id: str, *, slot_basis: object, client: Client | None = None
+) -> str | None:
+    """Cancel when the stored slot is unknown: try the job's slot under every live layout."""
+    where = None
+    for slot in sorted({slot_for(slot_basis, n) for n in slot_layouts(topic, client=client)}):
+        where = cancel(topic, job_id, slot=slot, client=client) or where
+    return where
+
+
+# --- consuming (fenced: the caller must hold the slot's lease) -----------------------------------
+
+
+def claim(
+    topic: str,
+    slot: int,
+    *,
+    now_ms: int,
+    limit: int,
+    visibility_ms: int,
+    lease_token: str,
+    with_due: bool = True,
+    client: Client | None = None,
+) -> list[Claimed]:
+    """Move up to ``limit`` due jobs to prepare, oldest first. Raises LeaseLost.
+
+    ``with_due=False`` skips reading the due times (``due_ms`` is 0), which makes the claim
+    markedly cheaper for handlers that re-read the job from the database anyway.
+    """
+    return scripts.claim_due(_c(client), slot_keys(topic, slot), token=lease_token,
+                             now_ms=now_ms, limit=limit, visibility_ms=visibility_ms,
+                             with_due=with_due)  # fmt: skip
+
+
+def ack(
+    topic: str, slot: int, job_ids: Sequence[str], *, lease_token: str, client: Client | None = None
+) -> int:
+    """Jobs done: drop them from prepare. Raises LeaseLost (then nothing is removed)."""
+    if not job_ids:
+        return 0
+    return scripts.ack(_c(client), slot_keys(topic, slot), token=lease_token, job_ids=job_ids)
+
+
+def nack(
+    topic: str,
+    slot: int,
+    failures: Sequence[tuple[str, str]],
+    *,
+    now_ms: int,
+    max_attempts: int,
+    backoff_base_ms: int,
+    backoff_cap_ms: int,
+    lease_token: str,
+    client: Client | None = None,
+) -> NackResult:
+    """(job_id, error) pairs failed: retry after backoff, or dead at ``max_attempts``."""
+    if not failures:
+        return NackResult(0, 0, 0)
+    return scripts.nack(_c(client), slot_keys(topic, slot), token=lease_token, now_ms=now_ms,
+                        failures=failures, max_attempts=max_attempts,
+                        backoff_base_ms=backoff_base_ms, backoff_cap_ms=backoff_cap_ms)  # fmt: skip
+
+
+def bury(
+    topic: str,
+    slot: int,
+    failures: Sequence[tuple[str, str]],
+    *,
+    now_ms: int,
+    lease_token: str,
+    client: Client | None = None,
+) -> NackResult:
+    """(job_id, error) pairs go straight to dead, whatever their attempt count."""
+    return nack(topic, slot, failures, now_ms=now_ms, max_attempts=0, backoff_base_ms=0,
+                backoff_cap_ms=0, lease_token=lease_token, client=client)  # fmt: skip
+
+
+# --- settling entries a handler handed on (invariant 7: not fenced) ----------------------------
+
+HANDED_TOKEN = "handed-on"
+
+
+def ack_handed(
+    topic: str, slot: int, job_ids: Sequence[str], *, client: Client | None = None
+) -> int:
+    """A deliverer finished entries handed on to it: drop them from prepare."""
+    return ack(topic, slot, job_ids, lease_token=HANDED_TOKEN, client=client)
+
+
+def nack_handed(
+    topic: str,
+    slot: int,
+    failures: Sequence[tuple[str, str]],
+    *,
+    now_ms: int,
+    max_attempts: int,
+    backoff_base_ms: int,
+    backoff_cap_ms: int,
+    client: Client | None = None,
+) -> NackResult:
+    """A deliverer failed entries handed on to it: retry after backoff, or dead."""
+    return nack(topic, slot, failures, now_ms=now_ms, max_attempts=max_attempts,
+                backoff_base_ms=backoff_base_ms, backoff_cap_ms=backoff_cap_ms,
+                lease_token=HANDED_TOKEN, client=client)  # fmt: skip
+
+
+def reap(
+    topic: str,
+    slots: Iterable[int],
+    *,
+    now_ms: int,
+    limit: int,
+    max_attempts: int,
+    client: Client | None = None,
+) -> ReapResult:
+    """Expired prepare entries back to store or dead: one pipeline, ``limit`` per slot."""
+    calls = [scripts.reap_call(slot_keys(topic, slot), now_ms=now_ms, limit=limit,
+                               max_attempts=max_attempts, error="visibility timeout")
+             for slot in slots]  # fmt: skip
+    results = [scripts.parse_reap(raw) for raw in scripts.run_calls(_c(client), calls)]
+    return ReapResult(sum(r.retried for r in results), sum(r.dead for r in results))
+
+
+# --- inspecting ----------------------------------------------------------------------------------
+
+
+def stats(
+    topic: str, slots: Iterable[int], *, now_ms: int, client: Client | None = None
+) -> list[SlotStats]:
+    """Backlog figures for each slot, in one pipeline."""
+    slots = list(slots)
+    pipe = scripts.pipeline(_c(client))
+    for slot in slots:
+        k = slot_keys(topic, slot)
+        pipe.zcard(k.store)
+        pipe.zcount(k.store, "-inf", now_ms)
+        pipe.zrange(k.store, 0, 0, withscores=True)
+        pipe.zcard(k.prepare)
+        pipe.zcard(k.dead)
+    raw = pipe.execute()
+    out = []
+    for i, slot in enumerate(slots):
+        store, due, oldest, prepare, dead = raw[5 * i : 5 * i + 5]
+        overdue = max(0, now_ms - int(oldest[0][1])) if oldest else 0
+        out.append(SlotStats(topic, slot, store, due, overdue, prepare, dead))
+    return out
+
+
+def earliest_due(topic: str, slots: Iterable[int], *, client: Client | None = None) -> int | None:
+    """The smallest due time (ms) in the stores of ``slots``, or None when they are all empty."""
+    slots = list(slots)
+    if not slots:
+        return None
+    pipe = scripts.pipeline(_c(client))
+    for slot in slots:
+        pipe.zrange(slot_keys(topic, slot).store, 0, 0, withscores=True)
+    firsts = [int(rows[0][1]) for rows in pipe.execute() if rows]
+    return min(firsts) if firsts else None
+
+
+def list_dead(
+    topic: str, slot: int, *, offset: int = 0, limit: int = 100, client: Client | None = None
+) -> list[DeadEntry]:
+    """Dead jobs of a slot, most recent first, with their attempts and last error."""
+    client = _c(client)
+    k = slot_keys(topic, slot)
+    rows = client.zrevrange(k.dead, offset, offset + max(limit, 1) - 1, withscores=True)
+    if not rows:
+        return []
+    ids = [scripts.as_str(member) for member, _ in rows]
+    fields = [f for job_id in ids for f in (f"a:{job_id}", f"e:{job_id}")]
+    meta = client.hmget(k.meta, fields)
+    return [
+        DeadEntry(job_id, int(score), int(meta[2 * i] or 0), scripts.as_str(meta[2 * i + 1] or b""))
+        for i, (job_id, (_, score)) in enumerate(zip(ids, rows, strict=True))
+    ]
+
+
+# --- steering dead jobs --------------------------------------------------------------------------
+
+
+def requeue_dead(
+    topic: str,
+    slot: int,
+    *,
+    now_ms: int,
+    job_ids: Sequence[str] = (),
+    limit: int = 1000,
+    client: Client | None = None,
+) -> int:
+    """Dead jobs (the given ids, else the ``limit`` oldest) back to store, due now."""
+    return scripts.requeue_dead(_c(client), slot_keys(topic, slot), now_ms=now_ms,
+                                limit=max(limit, len(job_ids)), job_ids=job_ids)  # fmt: skip
+
+
+def purge_dead(
+    topic: str,
+    slot: int,
+    *,
+    job_ids: Sequence[str] = (),
+    limit: int = 1000,
+    client: Client | None = None,
+) -> int:
+    """Delete dead jobs (the given ids, else the ``limit`` oldest) for good."""
+    return scripts.purge_dead(_c(client), slot_keys(topic, slot),
+                              limit=max(limit, len(job_ids)), job_ids=job_ids)  # fmt: skip
+
+
+# --- slot layouts --------------------------------------------------------------------------------
+
+
+def record_layout(topic: str, slots: int, *, client: Client | None = None) -> None:
+    """Note that ``topic`` uses ``slots`` slots (call whenever the configured count is seen)."""
+    _c(client).sadd(keys.layouts(topic), slots)
+
+
+def slot_layouts(topic: str, *, client: Client | None = None) -> list[int]:
+    return sorted(int(n) for n in _c(client).smembers(keys.layouts(topic)))
+
+
+def served_slot_count(topic: str, current: int, *, client: Client | None = None) -> int:
+    """How many slots workers must serve: the current layout, or a larger one not yet drained."""
+    return max([current, *slot_layouts(topic, client=client)])
+
+
+def prune_layouts(topic: str, current: int, *, client: Client | None = None) -> list[int]:
+    """Forget layouts other than ``current`` whose extra slots are all empty; returns those gone."""
+    client = _c(client)
+    gone = []
+    for n in slot_layouts(topic, client=client):
+        if n == current:
+            continue
+        extra = range(current, n)  # empty when n < current: those slots are part of ours
+        if all(
+            s.store == s.prepare == s.dead == 0
+            for s in stats(topic, extra, now_ms=0, client=client)
+        ):
+            client.srem(keys.layouts(topic), n)
+            gone.append(n)
+    return gone

@@ -1,0 +1,317 @@
+"""The only place Lua scripts are loaded and run; one typed wrapper per script (rq style).
+
+Each script lives in ``lua/<name>.lua`` with a header naming its KEYS, ARGV and return values;
+a line ``-- @include <fragment>`` pastes in ``lua/includes/<fragment>.lua``. Scripts run by EVALSHA
+and fall back to SCRIPT LOAD on NOSCRIPT (a restarted or failed-over Redis), in single calls and in
+pipelines.
+
+Return codes become exceptions here: a fenced script that finds another token in the slot's lease
+key returns -1 and the wrapper raises ``LeaseLost``. Callers never see raw replies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from redis.exceptions import NoScriptError
+
+from couponcenter.redis import Client, is_cluster
+
+from .keys import SlotKeys
+
+LUA_DIR = Path(__file__).parent / "lua"
+_INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.MULTILINE)
+LEASE_LOST = -1
+
+
+class EngineError(Exception):
+    """Base class of the engine's errors."""
+
+
+class LeaseLost(EngineError):
+    """The slot's lease no longer holds our fencing token: another worker owns the slot now."""
+
+    def __init__(self, keys: SlotKeys):
+        super().__init__(f"lease lost on {keys.topic}:{keys.slot}")
+        self.topic, self.slot = keys.topic, keys.slot
+
+
+class Claimed(NamedTuple):
+    job_id: str
+    due_ms: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class NackResult:
+    retried: int
+    dead: int
+    missing: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReapResult:
+    retried: int = 0
+    dead: int = 0
+
+
+class LuaScript:
+    def __init__(self, name: str):
+        self.name = name
+        self.text = _INCLUDE.sub(_fragment, (LUA_DIR / f"{name}.lua").read_text())
+        self.sha = hashlib.sha1(self.text.encode()).hexdigest()
+
+    def __call__(self, client: Client, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            client.script_load(self.text)
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+
+    def call(self, keys: Sequence[str], args: Sequence[Any]) -> Call:
+        return Call(self, tuple(keys), tuple(args))
+
+
+class Call(NamedTuple):
+    """One script invocation waiting to be sent in a pipeline by ``run_calls``."""
+
+    script: LuaScript
+    keys: tuple
+    args: tuple
+
+
+def _fragment(match: re.Match) -> str:
+    return (LUA_DIR / "includes" / f"{match.group(1)}.lua").read_text()
+
+
+ENQUEUE = LuaScript("enqueue")
+CANCEL = LuaScript("cancel")
+CLAIM_DUE = LuaScript("claim_due")
+ACK = LuaScript("ack")
+NACK = LuaScript("nack")
+REAP = LuaScript("reap")
+REQUEUE_DEAD = LuaScript("requeue_dead")
+PURGE_DEAD = LuaScript("purge_dead")
+LEASE_ACQUIRE = LuaScript("lease_acquire")
+LEASE_RENEW = LuaScript("lease_renew")
+LEASE_RELEASE = LuaScript("lease_release")
+SINGLETON_HOLD = LuaScript("singleton_hold")
+WORKERS_PRUNE = LuaScript("workers_prune")
+BENCH_POP = LuaScript("bench_pop")
+ALL = (ENQUEUE, CANCEL, CLAIM_DUE, ACK, NACK, REAP, REQUEUE_DEAD, PURGE_DEAD, LEASE_ACQUIRE,
+       LEASE_RENEW, LEASE_RELEASE, SINGLETON_HOLD, WORKERS_PRUNE, BENCH_POP)  # fmt: skip
+
+
+def load_all(client: Client) -> None:
+    """SCRIPT LOAD every script (on a cluster: on every primary)."""
+    for script in ALL:
+        client.script_load(script.text)
+
+
+def pipeline(client: Client):
+    """A non-transactional pipeline; on a cluster, redis-py's cluster pipeline (routes per key)."""
+    return client.pipeline() if is_cluster(client) else client.pipeline(transaction=False)
+
+
+def run_calls(client: Client, calls: Sequence[Call]) -> list[Any]:
+    """Send ``calls`` in one pipeline; calls refused with NOSCRIPT are re-sent after a load."""
+    results = _send(client, calls)
+    retry = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+    if retry:
+        load_all(client)
+        for i, result in zip(retry, _send(client, [calls[i] for i in retry]), strict=True):
+            results[i] = result
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+    return results
+
+
+def _send(client: Client, calls: Sequence[Call]) -> list[Any]:
+    pipe = pipeline(client)
+    for script, keys, args in calls:
+        # execute_command: redis-py blocks the evalsha() helper on cluster pipelines, yet routes
+        # EVALSHA by its first key like any other command.
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    return list(pipe.execute(raise_on_error=False))
+
+
+def as_str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# --- queue scripts -------------------------------------------------------------------------------
+
+
+def enqueue_call(k: SlotKeys, items: Iterable[tuple[int, str]], *, nx: bool = False) -> Call:
+    """``items`` are (due_ms, job_id); see ``enqueue``."""
+    args: list[Any] = ["nx" if nx else "upsert"]
+    for due_ms, job_id in items:
+        args.append(due_ms)
+        args.append(job_id)
+    return ENQUEUE.call((k.store, k.prepare, k.dead, k.meta), args)
+
+
+def enqueue(
+    client: Client, k: SlotKeys, items: Iterable[tuple[int, str]], *, nx: bool = False
+) -> int:
+    """Upsert (due_ms, job_id) pairs into the store; ``nx``: only jobs found nowhere in the slot."""
+    script, keys, args = enqueue_call(k, items, nx=nx)
+    return int(script(client, keys, args))
+
+
+_WHERE = {1: "store", 2: "prepare", 3: "dead"}
+
+
+def cancel_call(k: SlotKeys, job_id: str) -> Call:
+    return CANCEL.call((k.store, k.prepare, k.dead, k.meta), (job_id,))
+
+
+def cancel(client: Client, k: SlotKeys, job_id: str) -> str | None:
+    """Remove ``job_id`` from the slot; returns the set it was in ("store", "prepare", "dead")."""
+    return _WHERE.get(int(CANCEL(client, (k.store, k.prepare, k.dead, k.meta), (job_id,))))
+
+
+def claim_due(
+    client: Client,
+    k: SlotKeys,
+    *,
+    token: str,
+    now_ms: int,
+    limit: int,
+    visibility_ms: int,
+    with_due: bool = True,
+) -> list[Claimed]:
+    """Claimed entries, oldest due first; ``due_ms`` is 0 unless ``with_due``. Raises LeaseLost."""
+    args = (token, now_ms, limit, visibility_ms, 1 if with_due else 0)
+    raw = CLAIM_DUE(client, (k.store, k.prepare, k.meta, k.lease), args)
+    if raw[0] == LEASE_LOST:
+        raise LeaseLost(k)
+    ids = raw[1::3]
+    if ids and isinstance(ids[0], bytes):
+        ids = [i.decode() for i in ids]
+    dues = _dues(raw[2::3]) if with_due else raw[2::3]
+    return list(map(Claimed, ids, dues, raw[3::3]))
+
+
+def _dues(scores: list) -> list[int]:
+    try:
+        return list(map(int, scores))
+    except ValueError:  # a score someone wrote with a fraction or an exponent
+        return [int(float(score)) for score in scores]
+
+
+def ack(client: Client, k: SlotKeys, *, token: str, job_ids: Sequence[str]) -> int:
+    """Drop handled jobs from prepare; returns how many were still there."""
+    removed = int(ACK(client, (k.prepare, k.meta, k.lease), (token, *job_ids)))
+    if removed == LEASE_LOST:
+        raise LeaseLost(k)
+    return removed
+
+
+def nack(
+    client: Client,
+    k: SlotKeys,
+    *,
+    token: str,
+    now_ms: int,
+    failures: Sequence[tuple[str, str]],
+    max_attempts: int,
+    backoff_base_ms: int,
+    backoff_cap_ms: int,
+) -> NackResult:
+    """Failed (job_id, error) pairs: back to store after backoff, or dead at ``max_attempts``."""
+    args: list[Any] = [token, now_ms, max_attempts, backoff_base_ms, backoff_cap_ms]
+    for job_id, error in failures:
+        args += (job_id, error)
+    raw = NACK(client, (k.prepare, k.store, k.dead, k.meta, k.lease), args)
+    if raw[0] == LEASE_LOST:
+        raise LeaseLost(k)
+    return NackResult(retried=raw[1], dead=raw[2], missing=raw[3])
+
+
+def reap_call(k: SlotKeys, *, now_ms: int, limit: int, max_attempts: int, error: str) -> Call:
+    return REAP.call((k.prepare, k.store, k.dead, k.meta), (now_ms, limit, max_attempts, error))
+
+
+def parse_reap(raw: Sequence[int]) -> ReapResult:
+    return ReapResult(retried=raw[0], dead=raw[1])
+
+
+def reap(
+    client: Client,
+    k: SlotKeys,
+    *,
+    now_ms: int,
+    limit: int,
+    max_attempts: int,
+    error: str = "visibility timeout",
+) -> ReapResult:
+    """Jobs whose visibility deadline passed go back to store (due now) or to dead."""
+    script, keys, args = reap_call(k, now_ms=now_ms, limit=limit, max_attempts=max_attempts,
+                                   error=error)  # fmt: skip
+    return parse_reap(script(client, keys, args))
+
+
+def requeue_dead(
+    client: Client, k: SlotKeys, *, now_ms: int, limit: int, job_ids: Sequence[str] = ()
+) -> int:
+    """Dead jobs (the given ids, or the ``limit`` oldest) back to store, due now, attempts reset."""
+    return int(REQUEUE_DEAD(client, (k.dead, k.store, k.meta), (now_ms, limit, *job_ids)))
+
+
+def purge_dead(client: Client, k: SlotKeys, *, limit: int, job_ids: Sequence[str] = ()) -> int:
+    return int(PURGE_DEAD(client, (k.dead, k.meta), (limit, *job_ids)))
+
+
+# --- lease scripts -------------------------------------------------------------------------------
+
+
+def lease_acquire_call(k: SlotKeys, *, holder: str, ttl_ms: int, current: str | None) -> Call:
+    return LEASE_ACQUIRE.call((k.lease, k.fence), (holder, ttl_ms, current or ""))
+
+
+def parse_token(raw: bytes | str | None) -> str | None:
+    return None if raw is None else as_str(raw)
+
+
+def lease_acquire(
+    client: Client, k: SlotKeys, *, holder: str, ttl_ms: int, current: str | None = None
+) -> str | None:
+    """Take the slot's lease (new fencing token) or keep ours; None when another holder has it."""
+    script, keys, args = lease_acquire_call(k, holder=holder, ttl_ms=ttl_ms, current=current)
+    return parse_token(script(client, keys, args))
+
+
+def lease_renew_call(key: str, *, token: str, ttl_ms: int) -> Call:
+    return LEASE_RENEW.call((key,), (token, ttl_ms))
+
+
+def lease_renew(client: Client, key: str, *, token: str, ttl_ms: int) -> bool:
+    return bool(LEASE_RENEW(client, (key,), (token, ttl_ms)))
+
+
+def lease_release_call(key: str, *, token: str) -> Call:
+    return LEASE_RELEASE.call((key,), (token,))
+
+
+def lease_release(client: Client, key: str, *, token: str) -> bool:
+    return bool(LEASE_RELEASE(client, (key,), (token,)))
+
+
+def singleton_hold(client: Client, key: str, *, token: str, ttl_ms: int) -> bool:
+    return bool(SINGLETON_HOLD(client, (key,), (token, ttl_ms)))
+
+
+def workers_prune(client: Client, beats: str, info: str, *, cutoff_ms: int, limit: int) -> int:
+    return int(WORKERS_PRUNE(client, (beats, info), (cutoff_ms, limit)))
+
+
+def bench_pop(client: Client, key: str, *, now_ms: int, limit: int) -> list[bytes]:
+    """The benchmarks' raw limit: pop up to ``limit`` due members, no two-phase bookkeeping."""
+    return BENCH_POP(client, (key,), (now_ms, limit))

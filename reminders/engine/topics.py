@@ -1,0 +1,144 @@
+"""Topics (article 001): a name, a power-of-two slot count, a handler, and their runtime settings.
+
+A handler takes the batch of claimed entries of one slot and says, per entry, what happened:
+``OK`` (acked), ``DROP`` (acked and counted: the job can no longer help), ``Retry(error)`` (back
+to store after backoff, dead after ``max_attempts``) or ``Dead(error)`` (straight to dead). It
+returns a sequence aligned with the entries, or a mapping job_id -> result where a missing id
+means ``OK``. A handler that raises retries the whole batch with the exception as the error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from .keys import TOPIC_NAME
+from .scripts import Claimed
+
+MAX_ATTEMPTS_LIMIT = 999  # the attempt count lives in the last 3 decimal digits of a prepare score
+
+
+class Outcome(Enum):
+    OK = "ok"
+    DROP = "drop"
+    RETRY = "retry"
+    DEAD = "dead"
+    HANDED_ON = "handed_on"  # left in prepare; settled later by ack_handed / nack_handed
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    outcome: Outcome
+    error: str = ""
+
+
+OK = Result(Outcome.OK)
+DROP = Result(Outcome.DROP)
+HANDED_ON = Result(Outcome.HANDED_ON)
+
+
+def Retry(error: str) -> Result:
+    return Result(Outcome.RETRY, error)
+
+
+def Dead(error: str) -> Result:
+    return Result(Outcome.DEAD, error)
+
+
+Handler = Callable[[list[Claimed]], Sequence[Result] | Mapping[str, Result]]
+
+
+def check_slots(slots: int) -> int:
+    if not isinstance(slots, int) or slots < 1 or slots & (slots - 1):
+        raise ValueError(f"slot count must be a power of two (1, 2, 4, ...), got {slots!r}")
+    return slots
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    """What may change at runtime (the Django layer feeds ``ReminderSettings`` in here)."""
+
+    slots: int = 16
+    batch_size: int = 1000
+    visibility_ms: int = 30_000  # a claimed job not acked by then is reaped and retried
+    max_attempts: int = 16  # article 001: dead after 16 attempts
+    backoff_base_ms: int = 1_000  # retry n waits min(cap, base * 2^(n-1))
+    backoff_cap_ms: int = 300_000
+    paused: bool = False
+
+    def __post_init__(self) -> None:
+        check_slots(self.slots)
+        if not 1 <= self.max_attempts <= MAX_ATTEMPTS_LIMIT:
+            raise ValueError(f"max_attempts must be within 1..{MAX_ATTEMPTS_LIMIT}")
+        if self.batch_size < 1 or self.visibility_ms < 1:
+            raise ValueError("batch_size and visibility_ms must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    name: str
+    handler: Handler
+    slots: int = 16
+    max_attempts: int = 16
+    backoff_base_ms: int = 1_000
+    backoff_cap_ms: int = 300_000
+    visibility_ms: int = 30_000
+    batch_size: int = 1000
+    needs_due: bool = True  # False: claims skip reading due times (faster); Claimed.due_ms is 0
+
+    def __post_init__(self) -> None:
+        if not TOPIC_NAME.match(self.name):
+            raise ValueError(f"topic name must match {TOPIC_NAME.pattern}, got {self.name!r}")
+        self.defaults()  # validates the numbers
+
+    def defaults(self) -> TopicSettings:
+        return TopicSettings(
+            slots=check_slots(self.slots),
+            batch_size=self.batch_size,
+            visibility_ms=self.visibility_ms,
+            max_attempts=self.max_attempts,
+            backoff_base_ms=self.backoff_base_ms,
+            backoff_cap_ms=self.backoff_cap_ms,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """A snapshot of runtime config; a dispatcher asks its provider for one every tick."""
+
+    tick_ms: int = 1000
+    paused: bool = False
+    lease_ms: int = 5000
+    topics: Mapping[str, TopicSettings] = field(default_factory=dict)
+    version: int = 0  # bumped by whoever edits the config; workers report the version they saw
+
+    def for_topic(self, topic: Topic) -> TopicSettings:
+        settings = self.topics.get(topic.name) or topic.defaults()
+        return replace(settings, paused=True) if self.paused else settings
+
+
+ConfigProvider = Callable[[], EngineSettings]
+
+_registry: dict[str, Topic] = {}
+
+
+def register_topic(topic: Topic) -> Topic:
+    """Register (or replace, e.g. on reload) a topic by name."""
+    _registry[topic.name] = topic
+    return topic
+
+
+def unregister_topic(name: str) -> None:
+    _registry.pop(name, None)
+
+
+def get_topic(name: str) -> Topic:
+    try:
+        return _registry[name]
+    except KeyError:
+        raise KeyError(f"unknown topic {name!r}; registered: {sorted(_registry)}") from None
+
+
+def all_topics() -> list[Topic]:
+    return [_registry[name] for name in sorted(_registry)]

@@ -1,0 +1,32 @@
+import logging
+
+from django.core.management.base import BaseCommand, CommandError
+
+from reminders.worker import build_worker
+
+logger = logging.getLogger(__name__)
+
+
+class Command(BaseCommand):
+    help = "Run the reminder/timeout dispatch loop (all topics, or those named with --topic)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--once", action="store_true", help="drain what is due now and exit")
+        parser.add_argument("--topic", action="append", dest="topics", metavar="T",
+                            help="serve only this topic (repeatable)")  # fmt: skip
+
+    def handle(self, *args, once: bool, topics: list[str] | None, **options):
+        try:
+            worker = build_worker(topics)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        if once:
+            report = worker.run_until_idle()
+            worker.shutdown()
+            self.stdout.write(
+                f"claimed {report.claimed}, acked {report.acked}, dropped {report.dropped}, "
+                f"retried {report.retried}, dead {report.dead}, reaped {report.reaped}"
+            )
+            return
+        self.stdout.write(f"reminder worker {worker.worker_id} running; SIGTERM to stop")
+        worker.run_forever()

@@ -1,0 +1,104 @@
+"""Counters and lateness kept for the console, in Redis with bounded memory, plus Prometheus.
+
+Per topic and minute, one hash ``<prefix>:metrics:{<topic>}:<minute>`` holds counts (dispatched,
+delivered, failed, dropped, dead) and a lateness histogram (``lat:<bucket upper bound ms>``). Each
+hash expires after ``RETENTION_S``, so memory is bounded by topics x minutes kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+
+from django.conf import settings
+from prometheus_client import Counter, Histogram
+
+from couponcenter.redis import get_redis
+
+RETENTION_S = 2 * 3600
+COUNTS = ("dispatched", "delivered", "failed", "dropped", "dead")
+# Upper bounds (ms) of the lateness buckets; the last one catches everything later.
+LATENESS_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 60_000, 10**12)
+
+EVENTS = Counter("couponcenter_reminder_events_total", "Reminder events", ["topic", "event"])
+LATENESS = Histogram(
+    "couponcenter_delivery_lateness_seconds",
+    "Delivered minus due time",
+    ["topic"],
+    buckets=[b / 1000 for b in LATENESS_BUCKETS_MS[:-1]],
+)
+
+
+def _key(topic: str, minute: int) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:metrics:{{{topic}}}:{minute}"
+
+
+def bucket_for(lateness_ms: float) -> int:
+    for bound in LATENESS_BUCKETS_MS:
+        if lateness_ms <= bound:
+            return bound
+    return LATENESS_BUCKETS_MS[-1]
+
+
+def record(
+    topic: str,
+    counts: Mapping[str, int] | None = None,
+    lateness_ms: Iterable[float] = (),
+    *,
+    now: float | None = None,
+) -> None:
+    """Add counts and lateness samples to this minute's hash (one round trip)."""
+    now = time.time() if now is None else now
+    fields: dict[str, int] = {}
+    for name, n in (counts or {}).items():
+        if n:
+            fields[name] = fields.get(name, 0) + n
+            EVENTS.labels(topic, name).inc(n)
+    for sample in lateness_ms:
+        bucket = f"lat:{bucket_for(sample)}"
+        fields[bucket] = fields.get(bucket, 0) + 1
+        LATENESS.labels(topic).observe(max(sample, 0) / 1000)
+    if not fields:
+        return
+    key = _key(topic, int(now // 60))
+    pipe = get_redis().pipeline(transaction=False)
+    for name, n in fields.items():
+        pipe.hincrby(key, name, n)
+    pipe.expire(key, RETENTION_S)
+    pipe.execute()
+
+
+def series(topic: str, *, minutes: int = 60, now: float | None = None) -> list[dict]:
+    """Per minute, oldest first: counts and lateness p50/p99 (ms, bucket upper bounds)."""
+    now = time.time() if now is None else now
+    last = int(now // 60)
+    wanted = list(range(last - minutes + 1, last + 1))
+    pipe = get_redis().pipeline(transaction=False)
+    for minute in wanted:
+        pipe.hgetall(_key(topic, minute))
+    rows = []
+    for minute, raw in zip(wanted, pipe.execute(), strict=True):
+        data = {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
+        hist = {int(k[4:]): v for k, v in data.items() if k.startswith("lat:")}
+        rows.append(
+            {
+                "minute": minute * 60,
+                **{name: data.get(name, 0) for name in COUNTS},
+                "lateness_p50_ms": percentile(hist, 0.50),
+                "lateness_p99_ms": percentile(hist, 0.99),
+                "lateness_count": sum(hist.values()),
+            }
+        )
+    return rows
+
+
+def percentile(hist: Mapping[int, int], q: float) -> int | None:
+    total = sum(hist.values())
+    if not total:
+        return None
+    rank, seen = q * total, 0
+    for bound in sorted(hist):
+        seen += hist[bound]
+        if seen >= rank:
+            return bound
+    return max(hist)

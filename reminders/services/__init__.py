@@ -1,0 +1,36 @@
+"""Writes of the reminders app: generic timeout jobs and coupon reminder subscriptions."""
+
+from .config import reminder_settings_save
+from .rebuild import queues_pending_counts, queues_rebuild
+from .subscriptions import (
+    SubscribeRefused,
+    subscription_subscribe,
+    subscription_unsubscribe,
+    subscriptions_cancel_for_coupon,
+    subscriptions_reindex,
+    subscriptions_reschedule_for_coupon,
+)
+from .timeouts import (
+    TimeoutJobConflict,
+    timeout_job_cancel,
+    timeout_job_create,
+    timeout_jobs_handle,
+    timeout_jobs_reindex,
+)
+
+__all__ = [
+    "SubscribeRefused",
+    "TimeoutJobConflict",
+    "queues_pending_counts",
+    "reminder_settings_save",
+    "queues_rebuild",
+    "subscription_subscribe",
+    "subscription_unsubscribe",
+    "subscriptions_cancel_for_coupon",
+    "subscriptions_reindex",
+    "subscriptions_reschedule_for_coupon",
+    "timeout_job_cancel",
+    "timeout_job_create",
+    "timeout_jobs_handle",
+    "timeout_jobs_reindex",
+]

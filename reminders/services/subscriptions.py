@@ -1,0 +1,179 @@
+"""Coupon reminder subscriptions (article 000) on the engine's ``coupon.reminder`` topic.
+
+Invariants:
+- one subscription per (user, coupon); subscribing twice is a no-op;
+- ``remind_at = coupon.claim_opens_at - coupon.reminder_lead``;
+- the row commits first and is indexed in Redis on commit; the entry's member is
+  ``"<subscription id>:<user id>:<coupon id>"`` in slot ``crc32(user_id) & (slots - 1)`` (article
+  000's ``userId % queueCount``), and the slot is stored on the row so a cancel finds the entry
+  after the slot count changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from couponcenter.errors import BusinessError
+from couponcenter.models import Coupon
+from reminders.engine import queue
+from reminders.engine.keys import slot_for
+from reminders.models import ReminderSubscription
+from reminders.selectors import reminder_settings_get
+from reminders.topics import REMINDER_TOPIC
+
+REINDEX_CHUNK = 5000
+Status = ReminderSubscription.Status
+
+
+class SubscribeRefused(BusinessError):
+    """Codes: ``cancelled``, ``closed``, ``already_open``."""
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def member(sub_id: int, user_id: int, coupon_id: int) -> str:
+    return f"{sub_id}:{user_id}:{coupon_id}"
+
+
+def parse_member(value: str) -> tuple[int, int, int]:
+    sub_id, user_id, coupon_id = value.split(":")
+    return int(sub_id), int(user_id), int(coupon_id)
+
+
+def remind_at_for(coupon: Coupon) -> datetime:
+    return coupon.claim_opens_at - coupon.reminder_lead
+
+
+def _refusal(coupon: Coupon, now: datetime) -> str | None:
+    if coupon.status == Coupon.Status.CANCELLED:
+        return "cancelled"
+    if coupon.claim_closes_at and now >= coupon.claim_closes_at:
+        return "closed"
+    if now >= coupon.claim_opens_at:
+        return "already_open"
+    return None
+
+
+def _index(subs: list[ReminderSubscription]) -> None:
+    """Schedule (or move) these subscriptions' entries once the transaction commits."""
+    items = [(member(s.pk, s.user_id, s.coupon_id), _ms(s.remind_at), s.slot) for s in subs]
+    if items:
+        transaction.on_commit(lambda: queue.schedule_many(REMINDER_TOPIC, items))
+
+
+def _unindex(subs: list[tuple[int, int, int, int]]) -> None:
+    """(sub id, user id, coupon id, slot) entries leave Redis once the transaction commits."""
+    if subs:
+        transaction.on_commit(
+            lambda: queue.cancel_many(
+                REMINDER_TOPIC, [(member(s, u, c), slot) for s, u, c, slot in subs]
+            )
+        )
+
+
+def subscription_subscribe(
+    *, user_id: int, coupon: Coupon, now: datetime | None = None
+) -> tuple[ReminderSubscription, bool]:
+    """Subscribe ``user_id`` to ``coupon``'s reminder; returns (subscription, created)."""
+    refusal = _refusal(coupon, now or timezone.now())
+    if refusal:
+        raise SubscribeRefused(refusal)
+    slots = reminder_settings_get().slots
+    with transaction.atomic():
+        sub, created = ReminderSubscription.objects.select_for_update().get_or_create(
+            user_id=user_id,
+            coupon=coupon,
+            defaults={"remind_at": remind_at_for(coupon), "slot": slot_for(user_id, slots)},
+        )
+        if not created and sub.status == Status.SCHEDULED:
+            return sub, False
+        if not created:  # unsubscribed or finished before: schedule afresh
+            sub.status, sub.remind_at = Status.SCHEDULED, remind_at_for(coupon)
+            sub.slot, sub.drop_reason, sub.sent_at = slot_for(user_id, slots), "", None
+            sub.save()
+        transaction.on_commit(lambda: queue.record_layout(REMINDER_TOPIC, slots))
+        _index([sub])
+    return sub, True
+
+
+def subscription_unsubscribe(*, user_id: int, coupon_id: int) -> bool:
+    """Cancel a user's reminder; idempotent. True if a scheduled reminder was cancelled."""
+    with transaction.atomic():
+        sub = (
+            ReminderSubscription.objects.select_for_update()
+            .filter(user_id=user_id, coupon_id=coupon_id, status=Status.SCHEDULED)
+            .first()
+        )
+        if sub is None:
+            return False
+        sub.status = Status.CANCELLED
+        sub.save(update_fields=["status", "updated_at"])
+        _unindex([(sub.pk, sub.user_id, sub.coupon_id, sub.slot)])
+    return True
+
+
+def subscriptions_reschedule_for_coupon(*, coupon: Coupon) -> int:
+    """The coupon's opening time moved: move every scheduled reminder (bulk, in batches)."""
+    remind_at = remind_at_for(coupon)
+    scheduled = ReminderSubscription.objects.filter(coupon=coupon, status=Status.SCHEDULED)
+    moved = scheduled.update(remind_at=remind_at, updated_at=timezone.now())
+    rows = scheduled.values_list("pk", "user_id", "slot").order_by("pk")
+    due_ms = _ms(remind_at)
+
+    def reschedule() -> None:
+        for chunk in _chunks(rows.iterator(chunk_size=REINDEX_CHUNK), REINDEX_CHUNK):
+            queue.schedule_many(
+                REMINDER_TOPIC, [(member(pk, u, coupon.pk), due_ms, slot) for pk, u, slot in chunk]
+            )
+
+    transaction.on_commit(reschedule)
+    return moved
+
+
+def subscriptions_cancel_for_coupon(*, coupon: Coupon) -> int:
+    """The coupon was cancelled: cancel its scheduled reminders."""
+    scheduled = ReminderSubscription.objects.filter(coupon=coupon, status=Status.SCHEDULED)
+    rows = list(scheduled.values_list("pk", "user_id", "coupon_id", "slot"))
+    cancelled = scheduled.update(status=Status.CANCELLED, updated_at=timezone.now())
+    _unindex(rows)
+    return cancelled
+
+
+def subscriptions_reindex(
+    *, due_before: datetime | None = None, progress: Callable[[int], None] | None = None
+) -> int:
+    """Re-index scheduled reminders (all, or due before ``due_before``); idempotent (NX)."""
+    scheduled = ReminderSubscription.objects.filter(status=Status.SCHEDULED)
+    if due_before is not None:
+        scheduled = scheduled.filter(remind_at__lt=due_before)
+    added, last_pk = 0, 0
+    while True:
+        chunk = list(
+            scheduled.filter(pk__gt=last_pk)
+            .order_by("pk")
+            .values_list("pk", "user_id", "coupon_id", "remind_at", "slot")[:REINDEX_CHUNK]
+        )
+        if not chunk:
+            return added
+        items = [(member(pk, u, c), _ms(at), slot) for pk, u, c, at, slot in chunk]
+        added += queue.schedule_many(REMINDER_TOPIC, items, nx=True)
+        last_pk = chunk[-1][0]
+        if progress is not None:
+            progress(len(chunk))
+
+
+def _chunks(iterable, size: int):
+    chunk = []
+    for item in iterable:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

@@ -1,0 +1,25 @@
+"""Celery tasks of the reminders app: they only delegate to services."""
+
+import logging
+
+from celery import shared_task
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="reminders.tasks.deliver_reminders", acks_late=True)
+def deliver_reminders(batch: list[dict]) -> dict[str, int]:
+    """Deliver one batch of merged reminder messages (never one task per reminder).
+
+    No Celery-level retry: failed items are nacked into the engine, which retries exactly those
+    with backoff and moves them to the dead queue past the attempt limit.
+    """
+    from reminders.services.delivery import reminders_deliver
+
+    return reminders_deliver(batch)
+
+
+@shared_task(name="reminders.tasks.log_timeout_job")
+def log_timeout_job(job: dict) -> None:
+    """The demo action of the ``order.close`` topic: log the fired job."""
+    logger.info("order.close fired", extra={"job": job})

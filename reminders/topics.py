@@ -1,0 +1,110 @@
+"""The Django side of topics: which topics exist, their handlers, and their live settings.
+
+``coupon.reminder`` is built in; generic topics come from ``settings.TIMEOUT_TOPICS``. Runtime
+tunables come from the ``ReminderSettings`` row (for the reminder topic) and from the topic spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from reminders.engine import topics as engine_topics
+from reminders.engine.topics import EngineSettings, Topic, TopicSettings
+
+REMINDER_TOPIC = "coupon.reminder"
+TOPIC_TYPES = {"log", "callable", "celery", "http"}
+
+
+@dataclass(frozen=True)
+class TimeoutTopicSpec:
+    name: str
+    type: str
+    slots: int = 8
+    max_attempts: int = 16
+    visibility_ms: int = 30_000
+    path: str = ""
+    task: str = ""
+    url: str = ""
+    secret: str = ""
+
+
+def timeout_topic_specs() -> dict[str, TimeoutTopicSpec]:
+    specs = {}
+    for name, raw in settings.TIMEOUT_TOPICS.items():
+        try:
+            spec = TimeoutTopicSpec(name=name, **raw)
+        except TypeError as exc:
+            raise ImproperlyConfigured(f"TIMEOUT_TOPICS[{name!r}]: {exc}") from exc
+        if spec.type not in TOPIC_TYPES:
+            raise ImproperlyConfigured(
+                f"TIMEOUT_TOPICS[{name!r}]: type must be one of {TOPIC_TYPES}"
+            )
+        if name == REMINDER_TOPIC:
+            raise ImproperlyConfigured(f"{REMINDER_TOPIC} is built in")
+        engine_topics.check_slots(spec.slots)
+        specs[name] = spec
+    return specs
+
+
+def timeout_topic_spec(name: str) -> TimeoutTopicSpec | None:
+    return timeout_topic_specs().get(name)
+
+
+def register_all() -> list[Topic]:
+    """Register every topic with the engine (idempotent)."""
+    from reminders.services.timeouts import timeout_jobs_handle
+
+    topics = []
+    for spec in timeout_topic_specs().values():
+        topics.append(
+            engine_topics.register_topic(
+                Topic(
+                    name=spec.name,
+                    handler=partial(timeout_jobs_handle, spec.name),
+                    slots=spec.slots,
+                    max_attempts=spec.max_attempts,
+                    visibility_ms=spec.visibility_ms,
+                )
+            )
+        )
+    reminder_topic = _reminder_topic()
+    if reminder_topic is not None:
+        topics.append(engine_topics.register_topic(reminder_topic))
+    return topics
+
+
+def _reminder_topic() -> Topic | None:
+    try:
+        from reminders.dispatch import reminder_topic
+    except ImportError:
+        return None
+    return reminder_topic()
+
+
+def engine_settings() -> EngineSettings:
+    """One snapshot of the live configuration, read every tick by the workers."""
+    from reminders.selectors import reminder_settings_get
+
+    live = reminder_settings_get()
+    per_topic = {
+        REMINDER_TOPIC: TopicSettings(
+            slots=live.slots,
+            batch_size=live.batch_size,
+            visibility_ms=live.visibility_timeout_ms,
+            max_attempts=live.max_attempts,
+            backoff_base_ms=live.backoff_ms,
+            backoff_cap_ms=max(live.backoff_ms, 300_000),
+            paused=live.paused,
+        )
+    }
+    return EngineSettings(
+        tick_ms=live.tick_interval_ms,
+        paused=False,
+        lease_ms=settings.WORKER_LEASE_MS,
+        topics=per_topic,
+        version=live.version,
+    )

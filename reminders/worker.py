@@ -1,0 +1,81 @@
+"""The reminder worker process: the engine's dispatch loop wired to Django.
+
+- config: ``ReminderSettings`` (read every tick, cached briefly) via ``reminders.topics``;
+- housekeeping under a singleton lease (exactly one worker does it): the reconcile that re-indexes
+  pending jobs due within ``RECONCILE_WINDOW_S`` from the database every ``RECONCILE_EVERY_S``, so
+  a Redis restart or flush loses nothing;
+- backpressure: claiming of reminders pauses while the Celery delivery queue is deeper than
+  ``ReminderSettings.max_delivery_queue`` (the backlog waits in Redis, where it is safe);
+- errors close stale database connections so a restarted PostgreSQL is picked up again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import close_old_connections
+from django.utils import timezone
+
+from couponcenter import __version__
+from reminders import services
+from reminders.dispatch import delivery_queue_depth
+from reminders.engine.dispatcher import Dispatcher
+from reminders.engine.topics import Topic
+from reminders.selectors import reminder_settings_get
+from reminders.topics import REMINDER_TOPIC, engine_settings, register_all
+
+logger = logging.getLogger(__name__)
+
+
+class Reconciler:
+    """Re-index what is due soon from the database, at most every ``every_s`` seconds."""
+
+    def __init__(self, every_s: float | None = None, window_s: float | None = None) -> None:
+        self.every_s = settings.RECONCILE_EVERY_S if every_s is None else every_s
+        self.window_s = settings.RECONCILE_WINDOW_S if window_s is None else window_s
+        self.last = 0.0
+
+    def __call__(self) -> None:
+        if time.monotonic() - self.last < self.every_s:
+            return
+        self.last = time.monotonic()
+        started = time.perf_counter()
+        counts = services.queues_rebuild(
+            due_before=timezone.now() + timedelta(seconds=self.window_s)
+        )
+        if any(counts.values()):
+            logger.warning("reconcile re-indexed missing entries", extra={"counts": counts})
+        logger.debug("reconcile took %.3f s", time.perf_counter() - started)
+
+
+def delivery_has_room(topic: Topic) -> bool:
+    """Backpressure for the reminder topic; other topics are not delivered through Celery."""
+    if topic.name != REMINDER_TOPIC:
+        return True
+    limit = reminder_settings_get().max_delivery_queue
+    return limit == 0 or delivery_queue_depth() < limit
+
+
+def _on_error(exc: BaseException) -> None:
+    close_old_connections()
+
+
+def build_worker(topic_names: list[str] | None = None) -> Dispatcher:
+    topics = register_all()
+    if topic_names:
+        known = {t.name for t in topics}
+        unknown = set(topic_names) - known
+        if unknown:
+            raise ValueError(f"unknown topics {sorted(unknown)}; known: {sorted(known)}")
+        topics = [t for t in topics if t.name in topic_names]
+    return Dispatcher(
+        topics,
+        config=engine_settings,
+        version=__version__,
+        on_error=_on_error,
+        housekeeping=[Reconciler()],
+        may_claim=delivery_has_room,
+    )

@@ -1,0 +1,182 @@
+"""The dispatch loop: handler outcomes, batching, pause, several workers, lease loss, waking."""
+
+import threading
+import time
+
+import pytest
+
+from reminders.engine import leases, queue
+from reminders.engine.dispatcher import Dispatcher, wall_ms
+from reminders.engine.keys import slot_for
+from reminders.engine.topics import DROP, OK, Dead, EngineSettings, Retry, Topic, TopicSettings
+
+T = "orders.timeout"
+
+
+class Recorder:
+    """A handler that records what it saw and answers with ``decide(entry)``."""
+
+    def __init__(self, decide=lambda entry: OK):
+        self.seen, self.decide = [], decide
+
+    def __call__(self, entries):
+        self.seen.extend(entries)
+        return [self.decide(e) for e in entries]
+
+
+def load(client, n: int, slots: int = 4, due_ms: int | None = None) -> list[str]:
+    due_ms = wall_ms() - 10 if due_ms is None else due_ms
+    items = [(f"j{i}", due_ms, slot_for(i, slots)) for i in range(n)]
+    queue.schedule_many(T, items, client=client)
+    return [job for job, _, _ in items]
+
+
+def totals(client, slots: int = 4) -> dict[str, int]:
+    stats = queue.stats(T, range(slots), now_ms=wall_ms(), client=client)
+    return {name: sum(getattr(s, name) for s in stats) for name in ("store", "prepare", "dead")}
+
+
+def settings(**kw):
+    return lambda: EngineSettings(
+        topics={T: TopicSettings(**{"slots": 4, **kw})}, **kw.pop("e", {})
+    )
+
+
+def test_outcomes_are_acked_retried_buried_or_dropped(redis_client):
+    load(redis_client, 4, slots=1)
+    outcome = {"j0": OK, "j1": DROP, "j2": Retry("later"), "j3": Dead("never")}
+    handler = Recorder(lambda e: outcome[e.job_id])
+    report = Dispatcher([Topic(T, handler, slots=1)], client=redis_client).run_once()
+    assert (report.claimed, report.acked, report.dropped, report.retried, report.dead) == (
+        4,
+        2,
+        1,
+        1,
+        1,
+    )
+    assert totals(redis_client, 1) == {"store": 1, "prepare": 0, "dead": 1}
+    (dead,) = queue.list_dead(T, 0, client=redis_client)
+    assert (dead.job_id, dead.last_error) == ("j3", "never")
+
+
+def test_a_mapping_result_and_a_raising_handler(redis_client):
+    load(redis_client, 3, slots=1)
+    topic = Topic(T, lambda entries: {"j1": Retry("no")}, slots=1, backoff_base_ms=60_000)
+    first = Dispatcher([topic], client=redis_client)
+    report = first.run_once()
+    assert (report.acked, report.retried) == (2, 1)
+    first.shutdown()  # hands its slot over at once
+
+    def boom(entries):
+        raise RuntimeError("handler bug")
+
+    queue.schedule(T, "j9", wall_ms() - 1, slot=0, client=redis_client)
+    report = Dispatcher([Topic(T, boom, slots=1)], client=redis_client).run_once()
+    assert report.retried == 1
+    (entry,) = [e for e in queue.list_dead(T, 0, client=redis_client)] or [None]
+    assert entry is None  # retried, not dead
+    assert redis_client.hget(queue.slot_keys(T, 0).meta, "e:j9") == b"RuntimeError: handler bug"
+
+
+def test_run_until_idle_drains_full_batches_across_slots(redis_client):
+    jobs = load(redis_client, 2500)
+    handler = Recorder()
+    topic = Topic(T, handler, slots=4, batch_size=100)
+    report = Dispatcher([topic], client=redis_client).run_until_idle()
+    assert report.acked == 2500 and sorted(e.job_id for e in handler.seen) == sorted(jobs)
+    assert totals(redis_client) == {"store": 0, "prepare": 0, "dead": 0}
+
+
+def test_paused_topics_are_not_claimed(redis_client):
+    load(redis_client, 10)
+    config = lambda: EngineSettings(paused=True)  # noqa: E731
+    report = Dispatcher(
+        [Topic(T, Recorder(), slots=4)], config=config, client=redis_client
+    ).run_once()
+    assert report.claimed == 0 and totals(redis_client)["store"] == 10
+
+
+def test_config_changes_apply_on_the_next_tick(redis_client):
+    load(redis_client, 10, slots=4)
+    current = {"batch": 1}
+    config = lambda: EngineSettings(topics={T: TopicSettings(slots=8, batch_size=current["batch"])})  # noqa: E731
+    dispatcher = Dispatcher([Topic(T, Recorder(), slots=4)], config=config, client=redis_client)
+    report = dispatcher.run_once()
+    assert sorted(sum(report.owned.values(), [])) == list(range(8))  # serves the new layout
+    assert queue.slot_layouts(T, client=redis_client) == [8]
+    current["batch"] = 100
+    dispatcher.run_until_idle()
+    assert totals(redis_client)["store"] == 0
+
+
+def test_three_workers_split_the_slots_and_handle_each_job_once(redis_client):
+    jobs = load(redis_client, 3000, slots=16)
+    handler = Recorder()
+    workers = [Dispatcher([Topic(T, handler, slots=16, batch_size=200)], worker_id=f"w{i}",
+                          client=redis_client) for i in range(3)]  # fmt: skip
+    for _ in range(3):  # heartbeats first, then the leases settle as everyone sees everyone
+        for worker in workers:
+            worker.run_once()
+    owned = [worker.leases.owned(T) for worker in workers]
+    assert sorted(sum(owned, [])) == list(range(16)) and all(len(o) >= 5 for o in owned)
+    for worker in workers:
+        worker.run_until_idle()
+    assert sorted(e.job_id for e in handler.seen) == sorted(jobs)
+
+
+def test_a_worker_that_lost_its_lease_mid_batch_cannot_ack(redis_client):
+    load(redis_client, 5, slots=1)
+    thief = leases.SlotLeases("thief", client=redis_client)
+
+    def slow_handler(entries):
+        redis_client.delete(queue.slot_keys(T, 0).lease)  # our lease expires while we work ...
+        thief.sync({T: [0]})  # ... and another worker takes the slot
+        return [OK] * len(entries)
+
+    dispatcher = Dispatcher([Topic(T, slow_handler, slots=1)], client=redis_client)
+    report = dispatcher.run_once()
+    assert (report.claimed, report.acked, report.lease_lost) == (5, 0, 1)
+    assert totals(redis_client, 1)["prepare"] == 5  # left for the reaper after the visibility
+    assert dispatcher.leases.owned(T) == []
+
+
+def test_the_reaper_runs_under_a_singleton_lease(redis_client):
+    load(redis_client, 3, slots=1)
+    token = leases.SlotLeases("gone", client=redis_client)
+    token.sync({T: [0]})
+    queue.claim(T, 0, now_ms=wall_ms(), limit=3, visibility_ms=1, lease_token=token.token(T, 0),
+                client=redis_client)  # fmt: skip
+    token.release_all()
+    time.sleep(0.01)
+    report = Dispatcher([Topic(T, Recorder(), slots=1)], client=redis_client).run_once()
+    assert report.reaped == 3
+    other = Dispatcher([Topic(T, Recorder(), slots=1)], client=redis_client)
+    assert not leases.try_singleton("reaper", other.worker_id, 5000, client=redis_client)
+
+
+@pytest.mark.slow
+def test_run_forever_wakes_early_for_due_work_and_stops(redis_client):
+    handled = {}
+
+    def handler(entries):
+        return [handled.setdefault(e.job_id, wall_ms()) and OK for e in entries]
+
+    topic = Topic(T, handler, slots=1)
+    config = lambda: EngineSettings(tick_ms=2000)  # noqa: E731
+    dispatcher = Dispatcher([topic], config=config, client=redis_client)
+    due = wall_ms() + 500  # known at the first tick: the loop sleeps until then, not 2 s
+    queue.schedule(T, "soon", due, slot=0, client=redis_client)
+    thread = threading.Thread(target=dispatcher.run_forever, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        time.sleep(0.9)
+        late_due = wall_ms()  # scheduled while the loop sleeps: seen at the next tick at the latest
+        queue.schedule(T, "late", late_due, slot=0, client=redis_client)
+        time.sleep(2.3)
+    finally:
+        dispatcher.stop()
+        thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert 0 <= handled["soon"] - due < 150
+    assert handled["late"] - late_due < 2100
+    assert leases.list_workers(client=redis_client) == []  # deregistered on stop

@@ -245,3 +245,4 @@ NOTIFY_WEBHOOK_SECRET = os.environ.get("NOTIFY_WEBHOOK_SECRET", "")
 ALERT_WEBHOOK_URL = os.environ.get("ALERT_WEBHOOK_URL", "")
 # Celery queue that carries reminder batches (the dispatcher watches its depth for backpressure).
 DELIVERY_QUEUE = os.environ.get("DELIVERY_QUEUE", "celery")
+CELERY_TASK_DEFAULT_QUEUE = DELIVERY_QUEUE

@@ -18,6 +18,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from functools import partial
 
 from django.utils import timezone
 
@@ -28,7 +29,7 @@ from reminders.engine.topics import DROP, HANDED_ON, Result, Topic
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
 from reminders.services.subscriptions import parse_member
-from reminders.topics import REMINDER_TOPIC
+from reminders.topics import REMINDER_TOPIC, REMINDER_TOPIC_HIGH
 
 logger = logging.getLogger(__name__)
 
@@ -40,17 +41,22 @@ COUPON_STATE_TTL_S = 1.0
 _coupon_cache: dict[int, tuple[float, str | None]] = {}
 
 
-def reminder_topic() -> Topic:
+def reminder_topics() -> list[Topic]:
+    """The high-priority reminder topic (drained first) and the normal one."""
     live = reminder_settings_get()
-    return Topic(
-        name=REMINDER_TOPIC,
-        handler=handle_reminders,
-        slots=live.slots,
-        max_attempts=live.max_attempts,
-        visibility_ms=live.visibility_timeout_ms,
-        batch_size=live.batch_size,
-        backoff_base_ms=live.backoff_ms,
-    )
+    return [
+        Topic(
+            name=name,
+            handler=partial(handle_reminders, name),
+            priority=priority,
+            slots=live.slots,
+            max_attempts=live.max_attempts,
+            visibility_ms=live.visibility_timeout_ms,
+            batch_size=live.batch_size,
+            backoff_base_ms=live.backoff_ms,
+        )
+        for name, priority in ((REMINDER_TOPIC_HIGH, 1), (REMINDER_TOPIC, 0))
+    ]
 
 
 def coupon_drop_reasons(coupon_ids: set[int], *, now=None) -> dict[int, str | None]:
@@ -82,7 +88,7 @@ def _drop_reason(row: dict, now) -> str | None:
     return None
 
 
-def handle_reminders(entries: Sequence[Claimed]) -> list[Result]:
+def handle_reminders(topic: str, entries: Sequence[Claimed]) -> list[Result]:
     """The engine handler: drop what can't help, merge per user, hand batches to Celery."""
     live = reminder_settings_get()
     now_ms = int(time.time() * 1000)
@@ -104,9 +110,9 @@ def handle_reminders(entries: Sequence[Claimed]) -> list[Result]:
         groups[(user_id, entry.due_ms // window)].append(i)
         results.append(HANDED_ON)
     _mark_dropped(dropped)
-    _hand_to_delivery(entries, groups)
+    _hand_to_delivery(topic, entries, groups)
     metrics.record(
-        REMINDER_TOPIC,
+        topic,
         {"dispatched": len(entries) - sum(map(len, dropped.values())),
          "dropped": sum(map(len, dropped.values()))},
     )  # fmt: skip
@@ -120,11 +126,14 @@ def _mark_dropped(dropped: dict[str, list[int]]) -> None:
         ).update(status=ReminderSubscription.Status.DROPPED, drop_reason=reason)
 
 
-def _hand_to_delivery(entries: Sequence[Claimed], groups: dict[tuple[int, int], list[int]]) -> None:
+def _hand_to_delivery(
+    topic: str, entries: Sequence[Claimed], groups: dict[tuple[int, int], list[int]]
+) -> None:
     from reminders.tasks import deliver_reminders
 
     messages = [
         {
+            "topic": topic,
             "user_id": user_id,
             "members": [entries[i].job_id for i in indexes],
             "due_ms": min(entries[i].due_ms for i in indexes),

@@ -102,3 +102,12 @@ def percentile(hist: Mapping[int, int], q: float) -> int | None:
         if seen >= rank:
             return bound
     return max(hist)
+
+
+def totals(topic: str, *, minutes: int = 60, now: float | None = None) -> dict[str, int]:
+    """Counts summed over the last ``minutes`` minutes."""
+    out = dict.fromkeys(COUNTS, 0)
+    for row in series(topic, minutes=minutes, now=now):
+        for name in COUNTS:
+            out[name] += row[name]
+    return out

@@ -71,6 +71,8 @@ class ReminderSubscription(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.SCHEDULED)
     # The engine slot the entry was indexed in; kept so cancel finds it after a slot-count change.
     slot = models.PositiveIntegerField(default=0)
+    # "normal" or "high", from the coupon at subscribe time: it picks the engine topic.
+    priority = models.CharField(max_length=10, default="normal")
     drop_reason = models.CharField(max_length=32, blank=True, default="")
     sent_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -16,6 +16,15 @@ from reminders.engine import topics as engine_topics
 from reminders.engine.topics import EngineSettings, Topic, TopicSettings
 
 REMINDER_TOPIC = "coupon.reminder"
+REMINDER_TOPIC_HIGH = "coupon.reminder.high"
+# Reminders of high-priority coupons have their own topic, which workers drain first.
+REMINDER_TOPICS = (REMINDER_TOPIC_HIGH, REMINDER_TOPIC)
+
+
+def reminder_topic_for(priority: str) -> str:
+    return REMINDER_TOPIC_HIGH if priority == "high" else REMINDER_TOPIC
+
+
 TOPIC_TYPES = {"log", "callable", "celery", "http"}
 
 
@@ -43,8 +52,8 @@ def timeout_topic_specs() -> dict[str, TimeoutTopicSpec]:
             raise ImproperlyConfigured(
                 f"TIMEOUT_TOPICS[{name!r}]: type must be one of {TOPIC_TYPES}"
             )
-        if name == REMINDER_TOPIC:
-            raise ImproperlyConfigured(f"{REMINDER_TOPIC} is built in")
+        if name in REMINDER_TOPICS:
+            raise ImproperlyConfigured(f"{name} is built in")
         engine_topics.check_slots(spec.slots)
         specs[name] = spec
     return specs
@@ -71,18 +80,10 @@ def register_all() -> list[Topic]:
                 )
             )
         )
-    reminder_topic = _reminder_topic()
-    if reminder_topic is not None:
-        topics.append(engine_topics.register_topic(reminder_topic))
+    from reminders.dispatch import reminder_topics
+
+    topics += [engine_topics.register_topic(topic) for topic in reminder_topics()]
     return topics
-
-
-def _reminder_topic() -> Topic | None:
-    try:
-        from reminders.dispatch import reminder_topic
-    except ImportError:
-        return None
-    return reminder_topic()
 
 
 def engine_settings() -> EngineSettings:
@@ -90,17 +91,16 @@ def engine_settings() -> EngineSettings:
     from reminders.selectors import reminder_settings_get
 
     live = reminder_settings_get()
-    per_topic = {
-        REMINDER_TOPIC: TopicSettings(
-            slots=live.slots,
-            batch_size=live.batch_size,
-            visibility_ms=live.visibility_timeout_ms,
-            max_attempts=live.max_attempts,
-            backoff_base_ms=live.backoff_ms,
-            backoff_cap_ms=max(live.backoff_ms, 300_000),
-            paused=live.paused,
-        )
-    }
+    reminder = TopicSettings(
+        slots=live.slots,
+        batch_size=live.batch_size,
+        visibility_ms=live.visibility_timeout_ms,
+        max_attempts=live.max_attempts,
+        backoff_base_ms=live.backoff_ms,
+        backoff_cap_ms=max(live.backoff_ms, 300_000),
+        paused=live.paused,
+    )
+    per_topic = dict.fromkeys(REMINDER_TOPICS, reminder)
     return EngineSettings(
         tick_ms=live.tick_interval_ms,
         paused=False,

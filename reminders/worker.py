@@ -25,7 +25,7 @@ from reminders.dispatch import delivery_queue_depth
 from reminders.engine.dispatcher import Dispatcher
 from reminders.engine.topics import Topic
 from reminders.selectors import reminder_settings_get
-from reminders.topics import REMINDER_TOPIC, engine_settings, register_all
+from reminders.topics import REMINDER_TOPICS, engine_settings, register_all
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Reconciler:
 
 def delivery_has_room(topic: Topic) -> bool:
     """Backpressure for the reminder topic; other topics are not delivered through Celery."""
-    if topic.name != REMINDER_TOPIC:
+    if topic.name not in REMINDER_TOPICS:
         return True
     limit = reminder_settings_get().max_delivery_queue
     return limit == 0 or delivery_queue_depth() < limit

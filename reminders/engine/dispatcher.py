@@ -170,19 +170,22 @@ class Dispatcher:
                     self.on_error(exc)
 
     def _claim_round_robin(self, topics, report: TickReport, *, budget_ms: int) -> None:
-        active = [
-            (topic, ts, slot)
-            for topic, ts in topics
-            for slot in leases.poll_order(
-                topic.name, self.leases.owned(topic.name), client=self.client
-            )
-        ]
+        """Round-robin over owned slots, higher-priority topics drained first."""
         deadline = self.clock() + budget_ms
-        while active and not self._stop.is_set():
-            if self.clock() >= deadline:
-                report.busy = True
-                return
-            active = [item for item in active if self._one_batch(*item, report)]
+        for priority in sorted({topic.priority for topic, _ in topics}, reverse=True):
+            active = [
+                (topic, ts, slot)
+                for topic, ts in topics
+                if topic.priority == priority
+                for slot in leases.poll_order(
+                    topic.name, self.leases.owned(topic.name), client=self.client
+                )
+            ]
+            while active and not self._stop.is_set():
+                if self.clock() >= deadline:
+                    report.busy = True
+                    return
+                active = [item for item in active if self._one_batch(*item, report)]
 
     def _one_batch(self, topic: Topic, ts: TopicSettings, slot: int, report: TickReport) -> bool:
         """Claim and handle one batch; True when it was full (more may be due)."""

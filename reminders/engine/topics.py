@@ -85,6 +85,7 @@ class Topic:
     backoff_cap_ms: int = 300_000
     visibility_ms: int = 30_000
     batch_size: int = 1000
+    priority: int = 0  # higher first: when a tick's budget runs short, lower ones wait
     needs_due: bool = True  # False: claims skip reading due times (faster); Claimed.due_ms is 0
 
     def __post_init__(self) -> None:

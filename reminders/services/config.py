@@ -9,7 +9,7 @@ from django.db.models import F
 
 from reminders.engine import queue
 from reminders.models import ReminderSettings
-from reminders.topics import REMINDER_TOPIC
+from reminders.topics import REMINDER_TOPICS
 
 
 def reminder_settings_save(*, instance: ReminderSettings) -> ReminderSettings:
@@ -21,7 +21,9 @@ def reminder_settings_save(*, instance: ReminderSettings) -> ReminderSettings:
         ReminderSettings.objects.filter(pk=instance.pk).update(version=F("version") + 1)
         instance.refresh_from_db()
         slots = instance.slots
-        transaction.on_commit(lambda: queue.record_layout(REMINDER_TOPIC, slots))
+        transaction.on_commit(
+            lambda: [queue.record_layout(topic, slots) for topic in REMINDER_TOPICS]
+        )
     from reminders import selectors
 
     selectors.reminder_settings_get(fresh=True)

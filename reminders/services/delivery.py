@@ -57,7 +57,10 @@ def _message_for(user_id: int, subs: list[ReminderSubscription], window_ms: int)
 
 
 def reminders_deliver(batch: list[dict[str, Any]]) -> dict[str, int]:
-    """Deliver one batch of merged messages (as built by the dispatcher)."""
+    """Deliver one batch of merged messages of one topic (as built by the dispatcher)."""
+    if not batch:
+        return {"delivered": 0, "failed": 0, "dead": 0}
+    topic = batch[0].get("topic", REMINDER_TOPIC)
     live = reminder_settings_get()
     sub_ids = {int(m.split(":", 1)[0]) for msg in batch for m in msg["members"]}
     subs = ReminderSubscription.objects.select_related("coupon").in_bulk(sub_ids)
@@ -76,7 +79,7 @@ def reminders_deliver(batch: list[dict[str, Any]]) -> dict[str, int]:
             messages.append(_message_for(msg["user_id"], live_subs, live.merge_window_ms))
             groups.append((msg, live_subs, members))
     results = gateway_for(live.gateway).deliver(messages) if messages else []
-    return _settle(live, groups, results, settled)
+    return _settle(topic, live, groups, results, settled)
 
 
 def _slot(sub: ReminderSubscription | None, member: str) -> int:
@@ -88,7 +91,7 @@ def _slot(sub: ReminderSubscription | None, member: str) -> int:
     return slot_for(user_id, reminder_settings_get().slots)
 
 
-def _settle(live, groups, results, settled: dict[int, list[str]]) -> dict[str, int]:
+def _settle(topic: str, live, groups, results, settled: dict[int, list[str]]) -> dict[str, int]:
     now = timezone.now()
     now_ms = int(time.time() * 1000)
     delivered_subs, lateness, failures = [], [], defaultdict(list)
@@ -114,21 +117,21 @@ def _settle(live, groups, results, settled: dict[int, list[str]]) -> dict[str, i
             status=Status.FAILED
         )
     for slot, members in settled.items():
-        queue.ack_handed(REMINDER_TOPIC, slot, members)
+        queue.ack_handed(topic, slot, members)
     for slot, failed in failures.items():
         queue.nack_handed(
-            REMINDER_TOPIC, slot, failed, now_ms=now_ms, max_attempts=live.max_attempts,
+            topic, slot, failed, now_ms=now_ms, max_attempts=live.max_attempts,
             backoff_base_ms=live.backoff_ms, backoff_cap_ms=max(live.backoff_ms, 300_000),
         )  # fmt: skip
     failed_count = sum(map(len, failures.values()))
     if dead_subs:
         raise_alert(
             title=f"{dead_count} reminders dead after {live.max_attempts} attempts",
-            details={"topic": REMINDER_TOPIC, "subscriptions": dead_subs[:20],
+            details={"topic": topic, "subscriptions": dead_subs[:20],
                      "error": next(iter(failures.values()))[0][1]},
         )  # fmt: skip
     metrics.record(
-        REMINDER_TOPIC,
+        topic,
         {"delivered": len(delivered_subs), "failed": failed_count - dead_count, "dead": dead_count},
         lateness,
     )

@@ -23,7 +23,7 @@ from reminders.engine import queue
 from reminders.engine.keys import slot_for
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
-from reminders.topics import REMINDER_TOPIC
+from reminders.topics import REMINDER_TOPICS, reminder_topic_for
 
 REINDEX_CHUNK = 5000
 Status = ReminderSubscription.Status
@@ -60,21 +60,44 @@ def _refusal(coupon: Coupon, now: datetime) -> str | None:
     return None
 
 
+def _by_topic(rows, key: Callable) -> dict[str, list]:
+    grouped: dict[str, list] = {}
+    for row in rows:
+        topic, item = key(row)
+        grouped.setdefault(topic, []).append(item)
+    return grouped
+
+
 def _index(subs: list[ReminderSubscription]) -> None:
     """Schedule (or move) these subscriptions' entries once the transaction commits."""
-    items = [(member(s.pk, s.user_id, s.coupon_id), _ms(s.remind_at), s.slot) for s in subs]
-    if items:
-        transaction.on_commit(lambda: queue.schedule_many(REMINDER_TOPIC, items))
+    grouped = _by_topic(
+        subs,
+        lambda s: (
+            reminder_topic_for(s.priority),
+            (member(s.pk, s.user_id, s.coupon_id), _ms(s.remind_at), s.slot),
+        ),
+    )
+
+    def index() -> None:
+        for topic, items in grouped.items():
+            queue.schedule_many(topic, items)
+
+    if grouped:
+        transaction.on_commit(index)
 
 
-def _unindex(subs: list[tuple[int, int, int, int]]) -> None:
-    """(sub id, user id, coupon id, slot) entries leave Redis once the transaction commits."""
-    if subs:
-        transaction.on_commit(
-            lambda: queue.cancel_many(
-                REMINDER_TOPIC, [(member(s, u, c), slot) for s, u, c, slot in subs]
-            )
-        )
+def _unindex(subs: list[tuple[int, int, int, int, str]]) -> None:
+    """(sub id, user id, coupon id, slot, priority) entries leave Redis once committed."""
+    grouped = _by_topic(
+        subs, lambda r: (reminder_topic_for(r[4]), (member(r[0], r[1], r[2]), r[3]))
+    )
+
+    def unindex() -> None:
+        for topic, items in grouped.items():
+            queue.cancel_many(topic, items)
+
+    if grouped:
+        transaction.on_commit(unindex)
 
 
 def subscription_subscribe(
@@ -89,15 +112,22 @@ def subscription_subscribe(
         sub, created = ReminderSubscription.objects.select_for_update().get_or_create(
             user_id=user_id,
             coupon=coupon,
-            defaults={"remind_at": remind_at_for(coupon), "slot": slot_for(user_id, slots)},
+            defaults={
+                "remind_at": remind_at_for(coupon),
+                "slot": slot_for(user_id, slots),
+                "priority": coupon.reminder_priority,
+            },
         )
         if not created and sub.status == Status.SCHEDULED:
             return sub, False
         if not created:  # unsubscribed or finished before: schedule afresh
             sub.status, sub.remind_at = Status.SCHEDULED, remind_at_for(coupon)
             sub.slot, sub.drop_reason, sub.sent_at = slot_for(user_id, slots), "", None
+            sub.priority = coupon.reminder_priority
             sub.save()
-        transaction.on_commit(lambda: queue.record_layout(REMINDER_TOPIC, slots))
+        transaction.on_commit(
+            lambda: [queue.record_layout(topic, slots) for topic in REMINDER_TOPICS]
+        )
         _index([sub])
     return sub, True
 
@@ -114,7 +144,7 @@ def subscription_unsubscribe(*, user_id: int, coupon_id: int) -> bool:
             return False
         sub.status = Status.CANCELLED
         sub.save(update_fields=["status", "updated_at"])
-        _unindex([(sub.pk, sub.user_id, sub.coupon_id, sub.slot)])
+        _unindex([(sub.pk, sub.user_id, sub.coupon_id, sub.slot, sub.priority)])
     return True
 
 
@@ -123,14 +153,17 @@ def subscriptions_reschedule_for_coupon(*, coupon: Coupon) -> int:
     remind_at = remind_at_for(coupon)
     scheduled = ReminderSubscription.objects.filter(coupon=coupon, status=Status.SCHEDULED)
     moved = scheduled.update(remind_at=remind_at, updated_at=timezone.now())
-    rows = scheduled.values_list("pk", "user_id", "slot").order_by("pk")
+    rows = scheduled.values_list("pk", "user_id", "slot", "priority").order_by("pk")
     due_ms = _ms(remind_at)
 
     def reschedule() -> None:
         for chunk in _chunks(rows.iterator(chunk_size=REINDEX_CHUNK), REINDEX_CHUNK):
-            queue.schedule_many(
-                REMINDER_TOPIC, [(member(pk, u, coupon.pk), due_ms, slot) for pk, u, slot in chunk]
+            grouped = _by_topic(
+                chunk,
+                lambda r: (reminder_topic_for(r[3]), (member(r[0], r[1], coupon.pk), due_ms, r[2])),
             )
+            for topic, items in grouped.items():
+                queue.schedule_many(topic, items)
 
     transaction.on_commit(reschedule)
     return moved
@@ -139,7 +172,7 @@ def subscriptions_reschedule_for_coupon(*, coupon: Coupon) -> int:
 def subscriptions_cancel_for_coupon(*, coupon: Coupon) -> int:
     """The coupon was cancelled: cancel its scheduled reminders."""
     scheduled = ReminderSubscription.objects.filter(coupon=coupon, status=Status.SCHEDULED)
-    rows = list(scheduled.values_list("pk", "user_id", "coupon_id", "slot"))
+    rows = list(scheduled.values_list("pk", "user_id", "coupon_id", "slot", "priority"))
     cancelled = scheduled.update(status=Status.CANCELLED, updated_at=timezone.now())
     _unindex(rows)
     return cancelled
@@ -157,12 +190,18 @@ def subscriptions_reindex(
         chunk = list(
             scheduled.filter(pk__gt=last_pk)
             .order_by("pk")
-            .values_list("pk", "user_id", "coupon_id", "remind_at", "slot")[:REINDEX_CHUNK]
+            .values_list("pk", "user_id", "coupon_id", "remind_at", "slot", "priority")[
+                :REINDEX_CHUNK
+            ]
         )
         if not chunk:
             return added
-        items = [(member(pk, u, c), _ms(at), slot) for pk, u, c, at, slot in chunk]
-        added += queue.schedule_many(REMINDER_TOPIC, items, nx=True)
+        grouped = _by_topic(
+            chunk,
+            lambda r: (reminder_topic_for(r[5]), (member(r[0], r[1], r[2]), _ms(r[3]), r[4])),
+        )
+        for topic, items in grouped.items():
+            added += queue.schedule_many(topic, items, nx=True)
         last_pk = chunk[-1][0]
         if progress is not None:
             progress(len(chunk))

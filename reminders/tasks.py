@@ -8,7 +8,7 @@ logger = logging.getLogger(__name__)
 
 
 @shared_task(name="reminders.tasks.deliver_reminders", acks_late=True)
-def deliver_reminders(batch: list[dict]) -> dict[str, int]:
+def deliver_reminders(batch: dict) -> dict[str, int]:
     """Deliver one batch of merged reminder messages (never one task per reminder).
 
     No Celery-level retry: failed items are nacked into the engine, which retries exactly those

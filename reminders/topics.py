@@ -35,6 +35,8 @@ class TimeoutTopicSpec:
     slots: int = 8
     max_attempts: int = 16
     visibility_ms: int = 30_000
+    backoff_base_ms: int = 1_000  # retry n waits min(cap, base * 2^(n-1))
+    backoff_cap_ms: int = 300_000
     path: str = ""
     task: str = ""
     url: str = ""
@@ -77,6 +79,8 @@ def register_all() -> list[Topic]:
                     slots=spec.slots,
                     max_attempts=spec.max_attempts,
                     visibility_ms=spec.visibility_ms,
+                    backoff_base_ms=spec.backoff_base_ms,
+                    backoff_cap_ms=spec.backoff_cap_ms,
                 )
             )
         )

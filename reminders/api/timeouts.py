@@ -1,5 +1,7 @@
 """Generic timeout jobs: create, read, cancel."""
 
+import json
+
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -7,8 +9,11 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from couponcenter.api.fields import AwareDateTimeField
 from reminders import services
 from reminders.models import TimeoutJob
+
+ATTRIBUTE_MAX_CHARS = 16_000
 
 
 class CanManageTimeouts(BasePermission):
@@ -39,15 +44,32 @@ class TimeoutJobInputSerializer(serializers.Serializer):
     topic = serializers.CharField(max_length=64)
     biz_type = serializers.CharField(max_length=64)
     biz_id = serializers.CharField(max_length=128)
-    action_time = serializers.DateTimeField()
+    action_time = AwareDateTimeField()
     attribute = serializers.JSONField(required=False, default=dict)
 
     def validate_attribute(self, value):
         if not isinstance(value, dict):
             raise serializers.ValidationError("Must be a JSON object.")
-        if len(str(value)) > 16_000:
-            raise serializers.ValidationError("Too large (16 kB at most).")
+        if len(json.dumps(value)) > ATTRIBUTE_MAX_CHARS:
+            raise serializers.ValidationError("Too large (16 kB of JSON at most).")
+        if _has_nul(value):  # PostgreSQL's jsonb cannot store U+0000
+            raise serializers.ValidationError("Must not contain NUL (U+0000) characters.")
         return value
+
+
+def _has_nul(value) -> bool:
+    """Iterative, so a deeply nested object cannot exhaust the stack."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str) and "\x00" in item:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 class TimeoutJobCreateApi(APIView):

@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from django.conf import settings
+from django.db import connection
+from django.utils import timezone
 
 from reminders.models import Notification
 
 logger = logging.getLogger(__name__)
+INSERT_CHUNK = 500  # rows per INSERT statement (SQLite allows 32,766 parameters)
 
 
 @dataclass
@@ -50,21 +53,21 @@ class InboxGateway:
     name = "inbox"
 
     def deliver(self, messages: list[Message]) -> list[Delivered]:
-        Notification.objects.bulk_create(
-            [
-                Notification(
-                    user_id=m.user_id,
-                    dedup_key=m.dedup_key,
-                    kind=m.kind,
-                    title=m.title,
-                    body=m.body,
-                    payload=m.payload,
+        # One multi-row INSERT ... ON CONFLICT DO NOTHING per chunk: the ORM's bulk_create spends
+        # more time preparing values than PostgreSQL spends writing them.
+        table = Notification._meta.db_table
+        now = timezone.now()
+        rows = [(m.user_id, m.dedup_key, m.kind, m.title, m.body, json.dumps(m.payload), now)
+                for m in messages]  # fmt: skip
+        with connection.cursor() as cursor:
+            for start in range(0, len(rows), INSERT_CHUNK):
+                chunk = rows[start : start + INSERT_CHUNK]
+                values = ",".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
+                cursor.execute(
+                    f"INSERT INTO {table} (user_id, dedup_key, kind, title, body, payload, "
+                    f"created_at) VALUES {values} ON CONFLICT (user_id, dedup_key) DO NOTHING",
+                    [value for row in chunk for value in row],
                 )
-                for m in messages
-            ],
-            ignore_conflicts=True,
-            batch_size=1000,
-        )
         return [Delivered(True)] * len(messages)
 
 

@@ -47,6 +47,7 @@ def reminder_topics() -> list[Topic]:
         Topic(
             name=name,
             handler=partial(handle_reminders, name),
+            pass_slot=True,
             priority=priority,
             slots=live.slots,
             max_attempts=live.max_attempts,
@@ -88,7 +89,7 @@ def _drop_reason(row: dict, now) -> str | None:
     return None
 
 
-def handle_reminders(topic: str, entries: Sequence[Claimed]) -> list[Result]:
+def handle_reminders(topic: str, entries: Sequence[Claimed], slot: int) -> list[Result]:
     """The engine handler: drop what can't help, hand the rest to Celery in batches.
 
     The hot path of a burst (200,000 entries in a second), so it does little per entry: one split
@@ -114,7 +115,7 @@ def handle_reminders(topic: str, entries: Sequence[Claimed]) -> list[Result]:
                 kept.append(entry)
                 results.append(HANDED_ON)
         _mark_dropped(dropped)
-    _hand_to_delivery(topic, kept)
+    _hand_to_delivery(topic, slot, kept)
     metrics.record(topic, {"dispatched": len(kept), "dropped": len(entries) - len(kept)})
     return results
 
@@ -130,7 +131,7 @@ def _user(member: str) -> str:
     return member.split(":", 2)[1]
 
 
-def _hand_to_delivery(topic: str, entries: list[Claimed]) -> None:
+def _hand_to_delivery(topic: str, slot: int, entries: list[Claimed]) -> None:
     """One task per ``DELIVERY_BATCH`` members (never splitting a user); retries carry attempts."""
     from reminders.tasks import deliver_reminders
 
@@ -142,7 +143,7 @@ def _hand_to_delivery(topic: str, entries: list[Claimed]) -> None:
         while end < len(members) and _user(members[end]) == _user(members[end - 1]):
             end += 1
         chunk = members[start:end]
-        batch = {"topic": topic, "members": chunk}
+        batch = {"topic": topic, "slot": slot, "members": chunk}
         if attempts:
             batch["attempts"] = {m: attempts[m] for m in chunk if m in attempts}
         # argsrepr: Celery would otherwise saferepr() the whole batch into the message headers.

@@ -45,7 +45,7 @@ class TimeoutJob(models.Model):
         ]
         permissions = [("manage_timeouts", "Can create, read and cancel timeout jobs over the API")]
         indexes = [
-            models.Index(fields=["status", "action_time"], name="timeoutjob_due"),
+            models.Index(fields=["action_time"], condition=Q(status=0), name="timeoutjob_due"),
             models.Index(fields=["biz_type", "biz_id"], name="timeoutjob_biz"),
         ]
 
@@ -84,7 +84,11 @@ class ReminderSubscription(models.Model):
         ]
         indexes = [
             models.Index(fields=["coupon", "status"], name="subscription_coupon_status"),
-            models.Index(fields=["status", "remind_at"], name="subscription_due"),
+            # Partial, so a lookup by id and status never wanders into it (a status-led index
+            # made PostgreSQL BitmapAnd it with the primary key on hot delivery updates).
+            models.Index(
+                fields=["remind_at"], condition=Q(status="scheduled"), name="subscription_due"
+            ),
         ]
 
     def __str__(self) -> str:

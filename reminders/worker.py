@@ -20,6 +20,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from couponcenter import __version__
+from couponcenter.celery import app as celery_app
 from reminders import services
 from reminders.dispatch import delivery_queue_depth
 from reminders.engine.dispatcher import Dispatcher
@@ -64,6 +65,9 @@ def _on_error(exc: BaseException) -> None:
 
 
 def build_worker(topic_names: list[str] | None = None) -> Dispatcher:
+    # Import the apps' Celery tasks as a Celery worker does: a ``celery`` topic then calls its
+    # task by signature, which honours task_always_eager (a task known by name only never does).
+    celery_app.autodiscover_tasks(force=True)
     topics = register_all()
     if topic_names:
         known = {t.name for t in topics}

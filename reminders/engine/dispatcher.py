@@ -207,7 +207,7 @@ class Dispatcher:
         return len(entries) >= ts.batch_size
 
     def _settle(self, topic, ts, slot, token, entries: list[Claimed], report: TickReport) -> None:
-        results = self._handle(topic, entries)
+        results = self._handle(topic, entries, slot)
         done = [e.job_id for e, r in zip(entries, results, strict=True) if r.outcome in _DONE]
         retry = [(e.job_id, r.error) for e, r in zip(entries, results, strict=True)
                  if r.outcome is Outcome.RETRY]  # fmt: skip
@@ -224,9 +224,9 @@ class Dispatcher:
         report.retried += nacked.retried
         report.dead += nacked.dead + (buried.dead if buried else 0)
 
-    def _handle(self, topic: Topic, entries: list[Claimed]) -> list[Result]:
+    def _handle(self, topic: Topic, entries: list[Claimed], slot: int) -> list[Result]:
         try:
-            results = topic.handler(entries)
+            results = topic.handler(entries, slot) if topic.pass_slot else topic.handler(entries)
             if isinstance(results, dict):
                 return [results.get(e.job_id, OK) for e in entries]
             results = list(results)

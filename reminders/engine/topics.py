@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from .keys import TOPIC_NAME
-from .scripts import Claimed
 
 MAX_ATTEMPTS_LIMIT = 999  # the attempt count lives in the last 3 decimal digits of a prepare score
 
@@ -46,7 +45,7 @@ def Dead(error: str) -> Result:
     return Result(Outcome.DEAD, error)
 
 
-Handler = Callable[[list[Claimed]], Sequence[Result] | Mapping[str, Result]]
+Handler = Callable[..., Sequence[Result] | Mapping[str, Result]]
 
 
 def check_slots(slots: int) -> int:
@@ -85,6 +84,7 @@ class Topic:
     backoff_cap_ms: int = 300_000
     visibility_ms: int = 30_000
     batch_size: int = 1000
+    pass_slot: bool = False  # handler(entries, slot): a batch always comes from one slot
     priority: int = 0  # higher first: when a tick's budget runs short, lower ones wait
     needs_due: bool = True  # False: claims skip reading due times (faster); Claimed.due_ms is 0
 

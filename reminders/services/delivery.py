@@ -1,12 +1,17 @@
-"""Delivering merged reminder messages: gateway, ledger, then ack or nack in the engine.
+"""Delivering reminder batches: gateway, ledger, then ack or nack in the engine.
+
+A batch is what the dispatcher handed on from one claim of one slot:
+``{"topic", "slot", "members": ["<sub id>:<user id>:<coupon id>", ...], "attempts": {member: n}}``
+(a member missing from ``attempts`` is on its first attempt).
 
 Invariants:
-- a subscription is delivered only while it is ``scheduled``; delivering it and marking it ``sent``
-  happen in one transaction for the inbox (the notification row and the status commit together,
-  after locking the rows), so redelivery, reaping and racing Celery workers can never show a user
-  the same reminder twice;
+- a subscription is delivered only while it is ``scheduled``. For the inbox, marking it ``sent``
+  (an ``UPDATE ... WHERE status = 'scheduled' RETURNING``, which takes the row locks) and writing
+  the notification commit together, so redelivery, reaping and racing Celery workers can never
+  show a user the same reminder twice;
 - for external gateways (webhook) the message's ``dedup_key`` (the sorted subscription ids) is the
   ``Idempotency-Key``, so a crash between the POST and marking ``sent`` is absorbed by the receiver;
+- a user's reminders whose ``remind_at`` falls in the same merge window become one message;
 - only failed messages are retried (``nack_handed``, with backoff); past ``max_attempts`` they are
   dead in the engine, ``failed`` in the database, and an alert is raised;
 - entries leave the prepare set only after the database says what happened to them.
@@ -19,10 +24,10 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from couponcenter.models import Coupon
@@ -34,13 +39,17 @@ from reminders.selectors import reminder_settings_get
 
 logger = logging.getLogger(__name__)
 Status = ReminderSubscription.Status
+TABLE = ReminderSubscription._meta.db_table
+COUPON_TTL_S = 5.0  # names and opening times in messages may lag an edit by this much
+
+_coupons: dict[int, tuple[float, tuple]] = {}
 
 
 @dataclass
 class Item:
     member: str
     sub_id: int
-    slot: int
+    user_id: int
     remind_at: datetime
     coupon_id: int
 
@@ -50,93 +59,155 @@ class Group:
     """One message: a user's reminders of one merge window."""
 
     user_id: int
-    attempt: int
     items: list[Item]
     message: Message | None = None
 
 
 @dataclass
-class Outcome:
-    ack: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
-    failed: dict[int, list[tuple[str, str]]] = field(default_factory=lambda: defaultdict(list))
+class Report:
     delivered: list[Item] = field(default_factory=list)
-    dropped: list[int] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
     dead: list[int] = field(default_factory=list)
+    dropped: int = 0
 
 
 def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
-    """Deliver one batch ``{"topic", "members": [...], "attempts": {member: n}}``.
-
-    Members are ``"<sub id>:<user id>:<coupon id>"``; a member missing from ``attempts`` is on
-    its first attempt.
-    """
-    topic, live = batch["topic"], reminder_settings_get()
-    attempts = batch.get("attempts") or {}
-    by_user: dict[int, list] = {}
-    for m in batch["members"]:
-        user_id = int(m.split(":", 2)[1])
-        group = by_user.setdefault(user_id, [user_id, 1, []])
-        group[1] = max(group[1], attempts.get(m, 1))
-        group[2].append(m)
-    outcome = Outcome()
-    groups, coupons = _groups(list(by_user.values()), live, outcome)
+    topic, slot, members = batch["topic"], batch["slot"], batch["members"]
+    live = reminder_settings_get()
     gateway = gateway_for(live.gateway)
     if isinstance(gateway, InboxGateway):
-        _deliver_in_transaction(gateway, groups, coupons, outcome)
+        report = _deliver_inbox(gateway, members, live)
     else:
-        _deliver_then_mark(gateway, groups, live, outcome)
-    return _settle(topic, live, outcome)
+        report = _deliver_external(gateway, members, batch.get("attempts") or {}, live)
+    return _settle(topic, slot, members, live, report)
 
 
-def _groups(raw: list[list], live: ReminderSettings, outcome: Outcome) -> tuple[list[Group], dict]:
-    members = {int(m.split(":", 1)[0]): m for _, _, ms in raw for m in ms}
-    rows = ReminderSubscription.objects.filter(pk__in=members).values_list(
-        "pk", "status", "slot", "remind_at", "coupon_id"
-    )
-    subs = {pk: (status, slot, at, coupon) for pk, status, slot, at, coupon in rows}
+# --- inbox: one transaction ----------------------------------------------------------------------
+
+
+def _claim_rows(sql_where: str, params: list, sub_ids: list[int], sets: str, set_params: list):
+    """``UPDATE ... SET <sets> WHERE <sql_where> AND id IN (...) RETURNING`` the rows it changed."""
+    rows = []
+    with connection.cursor() as cursor:
+        for start in range(0, len(sub_ids), 5000):
+            chunk = sub_ids[start : start + 5000]
+            cursor.execute(
+                f"UPDATE {TABLE} SET {sets} WHERE {sql_where} "
+                f"AND id IN ({','.join(['%s'] * len(chunk))}) "
+                "RETURNING id, user_id, remind_at, coupon_id",
+                [*set_params, *params, *chunk],
+            )
+            rows += cursor.fetchall()
+    return rows
+
+
+def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings) -> Report:
+    member_of = {int(m.partition(":")[0]): m for m in members}
+    sub_ids = list(member_of)
+    now = timezone.now()
+    report = Report()
+    with transaction.atomic():
+        if live.late_policy == ReminderSettings.LatePolicy.DROP:
+            cutoff = now - live.late_limit
+            late = _claim_rows("status = %s AND remind_at < %s", [Status.SCHEDULED, cutoff],
+                               sub_ids, "status = %s, drop_reason = %s, updated_at = %s",
+                               [Status.DROPPED, "late", now])  # fmt: skip
+            report.dropped = len(late)
+        rows = _claim_rows("status = %s", [Status.SCHEDULED], sub_ids,
+                           "status = %s, sent_at = %s, updated_at = %s",
+                           [Status.SENT, now, now])  # fmt: skip
+        items = [Item(member_of[pk], pk, user, _aware(at), coupon) for pk, user, at, coupon in rows]
+        groups = _merge(items, live.merge_window_ms)
+        if groups:
+            gateway.deliver([g.message for g in groups])
+    report.delivered = items
+    return report
+
+
+def _aware(value) -> datetime:
+    if isinstance(value, str):  # SQLite returns text from raw SQL
+        value = datetime.fromisoformat(value)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+# --- external gateways: deliver, then mark -------------------------------------------------------
+
+
+def _deliver_external(
+    gateway: Gateway, members: list[str], attempts: dict[str, int], live: ReminderSettings
+) -> Report:
+    member_of = {int(m.partition(":")[0]): m for m in members}
     now = timezone.now()
     late = live.late_limit if live.late_policy == ReminderSettings.LatePolicy.DROP else None
-    window = max(live.merge_window_ms, 1)
-    groups = []
-    for user_id, attempt, user_members in raw:
-        by_window: dict[int, list[Item]] = defaultdict(list)
-        for m in user_members:
-            sub_id = int(m.split(":", 1)[0])
-            status, slot, remind_at, coupon_id = subs.get(sub_id, (None, None, None, None))
-            if status != Status.SCHEDULED:  # sent, cancelled, dropped or deleted: nothing to do
-                outcome.ack[slot if slot is not None else -1].append(m)
-                continue
-            if late is not None and now - remind_at > late:
-                outcome.dropped.append(sub_id)
-                outcome.ack[slot].append(m)
-                continue
-            ms = int(remind_at.timestamp() * 1000)
-            by_window[ms // window].append(Item(m, sub_id, slot, remind_at, coupon_id))
-        groups += [Group(user_id, attempt, items) for items in by_window.values()]
-    coupons = _coupons(groups)
+    report, items, too_late = Report(), [], []
+    rows = ReminderSubscription.objects.filter(
+        pk__in=member_of, status=Status.SCHEDULED
+    ).values_list("pk", "user_id", "remind_at", "coupon_id")
+    for pk, user_id, remind_at, coupon_id in rows:
+        if late is not None and now - remind_at > late:
+            too_late.append(pk)
+        else:
+            items.append(Item(member_of[pk], pk, user_id, remind_at, coupon_id))
+    if too_late:
+        report.dropped = ReminderSubscription.objects.filter(
+            pk__in=too_late, status=Status.SCHEDULED
+        ).update(status=Status.DROPPED, drop_reason="late")
+    groups = _merge(items, live.merge_window_ms)
+    results = gateway.deliver([g.message for g in groups]) if groups else []
+    for group, result in zip(groups, results, strict=True):
+        if result.ok:
+            report.delivered += group.items
+            continue
+        report.failed += [(item.member, result.error) for item in group.items]
+        if max(attempts.get(item.member, 1) for item in group.items) >= live.max_attempts:
+            report.dead += [item.sub_id for item in group.items]
+    if report.delivered:
+        ReminderSubscription.objects.filter(
+            pk__in=[item.sub_id for item in report.delivered], status=Status.SCHEDULED
+        ).update(status=Status.SENT, sent_at=timezone.now())
+    return report
+
+
+# --- messages ------------------------------------------------------------------------------------
+
+
+def _merge(items: list[Item], window_ms: int) -> list[Group]:
+    by_key: dict[tuple[int, int], list[Item]] = defaultdict(list)
+    window = max(window_ms, 1)
+    for item in items:
+        by_key[(item.user_id, int(item.remind_at.timestamp() * 1000) // window)].append(item)
+    coupons = _coupon_info({item.coupon_id for item in items})
+    groups = [Group(user_id, group_items) for (user_id, _), group_items in by_key.items()]
     for group in groups:
         group.message = _message(group, coupons)
-    return groups, coupons
+    return groups
 
 
-def _coupons(groups: list[Group]) -> dict[int, tuple]:
-    coupon_ids = {item.coupon_id for g in groups for item in g.items}
-    return {
-        pk: (name, opens_at, lead)
-        for pk, name, opens_at, lead in Coupon.objects.filter(pk__in=coupon_ids).values_list(
+def _coupon_info(coupon_ids: set[int]) -> dict[int, tuple]:
+    """(name, claim_opens_at, reminder_lead) per coupon, from a short per-process cache."""
+    now = time.monotonic()
+    missing = [c for c in coupon_ids if c not in _coupons or now - _coupons[c][0] > COUPON_TTL_S]
+    if missing:
+        for pk, *info in Coupon.objects.filter(pk__in=missing).values_list(
             "pk", "name", "claim_opens_at", "reminder_lead"
-        )
-    }
+        ):
+            _coupons[pk] = (now, tuple(info))
+    return {c: _coupons[c][1] for c in coupon_ids if c in _coupons}
 
 
-def _message(group: Group, coupons: dict) -> Message:
-    names = [coupons[item.coupon_id][0] for item in group.items]
-    lead_s = int(coupons[group.items[0].coupon_id][2].total_seconds())
-    when = (
-        f"{lead_s // 60} minute{'s' if lead_s // 60 != 1 else ''}"
-        if lead_s >= 60
-        else f"{lead_s} s"
-    )
+def _when(lead: timedelta) -> str:
+    seconds = int(lead.total_seconds())
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    return f"{minutes} minute{'s' if minutes != 1 else ''}"
+
+
+def _message(group: Group, coupons: dict[int, tuple]) -> Message:
+    fallback = ("a coupon", None, timedelta(seconds=60))
+    info = [coupons.get(item.coupon_id, fallback) for item in group.items]
+    when = _when(info[0][2])
+    names = [name for name, _, _ in info]
     title = (
         f"{names[0]} opens in {when}"
         if len(names) == 1
@@ -153,100 +224,44 @@ def _message(group: Group, coupons: dict) -> Message:
         body=", ".join(names),
         payload={
             "coupons": [
-                {"id": item.coupon_id, "name": coupons[item.coupon_id][0],
-                 "claim_opens_at": coupons[item.coupon_id][1].isoformat()}
-                for item in group.items
+                {"id": item.coupon_id, "name": name,
+                 "claim_opens_at": opens.isoformat() if opens else None}
+                for item, (name, opens, _) in zip(group.items, info, strict=True)
             ],
             "subscriptions": sub_ids,
         },
     )  # fmt: skip
 
 
-def _deliver_in_transaction(
-    gateway: Gateway, groups: list[Group], coupons: dict, outcome: Outcome
-) -> None:
-    """Inbox: lock the subscriptions, write the rows and mark them sent in one commit.
-
-    Subscriptions another worker sent meanwhile are left out of the message (and acked).
-    """
-    sub_ids = [item.sub_id for g in groups for item in g.items]
-    with transaction.atomic():
-        won = set(
-            ReminderSubscription.objects.select_for_update()
-            .filter(pk__in=sub_ids, status=Status.SCHEDULED)
-            .values_list("pk", flat=True)
-        )
-        mine = []
-        for group in groups:
-            items = [item for item in group.items if item.sub_id in won]
-            if len(items) < len(group.items) and items:
-                group = Group(group.user_id, group.attempt, items)
-                group.message = _message(group, coupons)
-            if items:
-                mine.append(group)
-        if mine:
-            gateway.deliver([g.message for g in mine])
-            ReminderSubscription.objects.filter(pk__in=won).update(
-                status=Status.SENT, sent_at=timezone.now()
-            )
-    for group in groups:
-        for item in group.items:
-            outcome.ack[item.slot].append(item.member)
-    outcome.delivered += [item for g in mine for item in g.items]
+# --- settling ------------------------------------------------------------------------------------
 
 
-def _deliver_then_mark(
-    gateway: Gateway, groups: list[Group], live: ReminderSettings, outcome: Outcome
-) -> None:
-    """External gateways: deliver, then mark what went through; failed groups are retried."""
-    results = gateway.deliver([g.message for g in groups]) if groups else []
-    sent = []
-    for group, result in zip(groups, results, strict=True):
-        if result.ok:
-            sent += [item.sub_id for item in group.items]
-            outcome.delivered += group.items
-            for item in group.items:
-                outcome.ack[item.slot].append(item.member)
-            continue
-        for item in group.items:
-            outcome.failed[item.slot].append((item.member, result.error))
-        if group.attempt >= live.max_attempts:
-            outcome.dead += [item.sub_id for item in group.items]
-    if sent:
-        ReminderSubscription.objects.filter(pk__in=sent, status=Status.SCHEDULED).update(
-            status=Status.SENT, sent_at=timezone.now()
-        )
-
-
-def _settle(topic: str, live: ReminderSettings, outcome: Outcome) -> dict[str, int]:
+def _settle(
+    topic: str, slot: int, members: list[str], live: ReminderSettings, report: Report
+) -> dict[str, int]:
     now_ms = int(time.time() * 1000)
-    if outcome.dropped:
-        ReminderSubscription.objects.filter(pk__in=outcome.dropped, status=Status.SCHEDULED).update(
-            status=Status.DROPPED, drop_reason="late"
-        )
-    if outcome.dead:
-        ReminderSubscription.objects.filter(pk__in=outcome.dead, status=Status.SCHEDULED).update(
+    if report.dead:
+        ReminderSubscription.objects.filter(pk__in=report.dead, status=Status.SCHEDULED).update(
             status=Status.FAILED
         )
-    for slot, members in outcome.ack.items():
-        if slot >= 0:
-            queue.ack_handed(topic, slot, members)
-    for slot, failures in outcome.failed.items():
+    failed = {member for member, _ in report.failed}
+    queue.ack_handed(topic, slot, [m for m in members if m not in failed])
+    if report.failed:
         queue.nack_handed(
-            topic, slot, failures, now_ms=now_ms, max_attempts=live.max_attempts,
+            topic, slot, report.failed, now_ms=now_ms, max_attempts=live.max_attempts,
             backoff_base_ms=live.backoff_ms, backoff_cap_ms=max(live.backoff_ms, 300_000),
         )  # fmt: skip
-    n_failed = sum(map(len, outcome.failed.values()))
-    if outcome.dead:
-        first_error = next(iter(outcome.failed.values()))[0][1]
+    if report.dead:
         raise_alert(
-            title=f"{len(outcome.dead)} reminders dead after {live.max_attempts} attempts",
-            details={"topic": topic, "subscriptions": outcome.dead[:20], "error": first_error},
-        )
+            title=f"{len(report.dead)} reminders dead after {live.max_attempts} attempts",
+            details={"topic": topic, "subscriptions": report.dead[:20],
+                     "error": report.failed[0][1]},
+        )  # fmt: skip
     metrics.record(
         topic,
-        {"delivered": len(outcome.delivered), "failed": n_failed - len(outcome.dead),
-         "dead": len(outcome.dead), "dropped": len(outcome.dropped)},
-        [now_ms - int(item.remind_at.timestamp() * 1000) for item in outcome.delivered],
+        {"delivered": len(report.delivered), "failed": len(report.failed) - len(report.dead),
+         "dead": len(report.dead), "dropped": report.dropped},
+        [now_ms - int(item.remind_at.timestamp() * 1000) for item in report.delivered],
     )  # fmt: skip
-    return {"delivered": len(outcome.delivered), "failed": n_failed, "dead": len(outcome.dead)}
+    return {"delivered": len(report.delivered), "failed": len(report.failed),
+            "dead": len(report.dead), "dropped": report.dropped}  # fmt: skip

@@ -22,7 +22,6 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -125,6 +124,9 @@ def timeout_jobs_reindex(
         for pk, topic, action_time, slot in chunk:
             by_topic.setdefault(topic, []).append((str(pk), _ms(action_time), slot))
         for topic, items in by_topic.items():
+            # After a flush the topic's layout set is gone too: without it, workers would not
+            # serve slots of an older, larger slot count that these rows still point at.
+            queue.record_layout(topic, 1 << max(slot for _, _, slot in items).bit_length())
             added += queue.schedule_many(topic, items, nx=True)
         last_pk = chunk[-1][0]
         if progress is not None:
@@ -139,7 +141,7 @@ def timeout_jobs_handle(topic: str, entries: Sequence[Claimed]) -> dict[str, Res
     spec = timeout_topic_spec(topic)
     results: dict[str, Result] = {}
     jobs = TimeoutJob.objects.in_bulk([int(e.job_id) for e in entries if e.job_id.isdigit()])
-    done: list[int] = []
+    done: list[tuple[int, int]] = []
     for entry in entries:
         job = jobs.get(int(entry.job_id)) if entry.job_id.isdigit() else None
         if job is None or job.status != TimeoutJob.Status.PENDING or spec is None:
@@ -153,7 +155,7 @@ def timeout_jobs_handle(topic: str, entries: Sequence[Claimed]) -> dict[str, Res
         except Exception as exc:  # noqa: BLE001 - any failure of the action is retried
             results[entry.job_id] = _failed(spec, job, entry.attempt, exc)
             continue
-        done.append(job.pk)
+        done.append((job.pk, entry.attempt))
         results[entry.job_id] = OK
     _mark_processed(done)
     return results
@@ -163,13 +165,17 @@ def _still_pending(job: TimeoutJob) -> bool:
     return TimeoutJob.objects.filter(pk=job.pk, status=TimeoutJob.Status.PENDING).exists()
 
 
-def _mark_processed(job_ids: Iterable[int]) -> None:
-    job_ids = list(job_ids)
-    if job_ids:
+def _mark_processed(done: Iterable[tuple[int, int]]) -> None:
+    """(job id, attempt) pairs fired: one UPDATE per attempt count (nearly always just one).
+
+    The attempt is the engine's delivery count, so a job redelivered after a reap says so.
+    """
+    by_attempt: dict[int, list[int]] = {}
+    for pk, attempt in done:
+        by_attempt.setdefault(attempt, []).append(pk)
+    for attempt, job_ids in by_attempt.items():
         TimeoutJob.objects.filter(pk__in=job_ids, status=TimeoutJob.Status.PENDING).update(
-            status=TimeoutJob.Status.PROCESSED,
-            attempts=F("attempts") + 1,
-            gmt_modified=timezone.now(),
+            status=TimeoutJob.Status.PROCESSED, attempts=attempt, gmt_modified=timezone.now()
         )
 
 

@@ -1,0 +1,73 @@
+"""Admin for the expiry tasks (read-only, built for tens of millions of rows) and the settings."""
+
+from django import forms
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponseRedirect
+from django.urls import reverse
+
+from . import services
+from .models import ExpirySettings, ExpiryTask
+
+
+@admin.register(ExpiryTask)
+class ExpiryTaskAdmin(admin.ModelAdmin):
+    list_display = ("id", "user_coupon", "expire_at", "status", "updated_at")
+    list_filter = ("status",)
+    date_hierarchy = "expire_at"
+    raw_id_fields = ("user_coupon",)
+    # Exact match, so the search uses the (user_id, status) index instead of a LIKE scan.
+    search_fields = ("=user_coupon__user_id",)
+    search_help_text = "Exact end-user id."
+    # A COUNT(*) over the whole table on every page would take seconds at this size.
+    show_full_result_count = False
+    list_per_page = 50
+    readonly_fields = ("user_coupon", "expire_at", "status", "created_at", "updated_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # tasks are written by claims, nothing else
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False  # the sweeper and redeem own the status
+
+
+class ExpirySettingsForm(forms.ModelForm):
+    class Meta:
+        model = ExpirySettings
+        fields = ("batch_size", "interval", "retention")
+        help_texts = {
+            "batch_size": "Tasks per transaction. Sweepers pick a change up on their next pass.",
+            "interval": "Longest sleep between passes, e.g. 00:01:00.",
+            "retention": "Processed tasks older than this are deleted, e.g. 7 00:00:00.",
+        }
+
+    def clean(self):
+        cleaned = super().clean()
+        errors = services.expiry_settings_errors(
+            batch_size=cleaned.get("batch_size"),
+            interval=cleaned.get("interval"),
+            retention=cleaned.get("retention"),
+        )
+        for name, message in errors.items():
+            if name not in self.errors:
+                self.add_error(name, message)
+        return cleaned
+
+
+@admin.register(ExpirySettings)
+class ExpirySettingsAdmin(admin.ModelAdmin):
+    form = ExpirySettingsForm
+    list_display = ("__str__", "batch_size", "interval", "retention", "updated_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return not ExpirySettings.objects.exists()
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        # One row: go straight to it (creating it with the defaults on first visit).
+        config = services.expiry_settings_get(max_age=0)
+        return HttpResponseRedirect(reverse("admin:expiry_expirysettings_change", args=[config.pk]))
+
+    def save_model(self, request: HttpRequest, obj: ExpirySettings, form, change: bool) -> None:
+        services.expiry_settings_save(config=obj)

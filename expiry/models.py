@@ -1,0 +1,61 @@
+"""The expiry-task table (article 003): one small row per claimed coupon, swept in batches.
+
+The sweeper never scans ``couponcenter_usercoupon``; it reads due pending rows of this table through
+the (expire_at, status) index (and, on PostgreSQL, a partial index over pending rows only).
+"""
+
+from datetime import timedelta
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+
+class ExpiryTask(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        PROCESSED = "processed", "Processed"
+
+    user_coupon = models.OneToOneField(
+        "couponcenter.UserCoupon", on_delete=models.CASCADE, related_name="expiry_task"
+    )
+    expire_at = models.DateTimeField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["expire_at", "status"], name="expirytask_due"),
+            models.Index(
+                fields=["expire_at"],
+                condition=Q(status="pending"),
+                name="expirytask_pending_due",
+            ),
+            models.Index(
+                fields=["updated_at"],
+                condition=Q(status="processed"),
+                name="expirytask_processed_age",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"expire user coupon {self.user_coupon_id} at {self.expire_at:%Y-%m-%d %H:%M}"
+
+
+class ExpirySettings(models.Model):
+    """The sweeper's live configuration: a single row, edited in the admin, read every pass."""
+
+    batch_size = models.PositiveIntegerField(
+        default=2000, validators=[MinValueValidator(1), MaxValueValidator(100_000)]
+    )
+    interval = models.DurationField(default=timedelta(seconds=60))
+    retention = models.DurationField(default=timedelta(days=7))
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "expiry settings"
+        verbose_name_plural = "expiry settings"
+
+    def __str__(self) -> str:
+        return "Expiry settings"

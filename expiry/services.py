@@ -1,0 +1,342 @@
+"""The mass-expiry sweeper (article 003): batched, lock-skipping, restartable.
+
+Invariants:
+- The sweeper reads only ``expiry_expirytask`` (due pending rows, through the partial index
+  ``expirytask_pending_due``); it touches ``couponcenter_usercoupon`` by primary key only.
+- One batch is one transaction. It claims at most ``batch_size`` due pending tasks with
+  ``FOR NO KEY UPDATE SKIP LOCKED``, so any number of sweepers split the work and no task is
+  claimed twice; it expires those user coupons that are still ``unused`` and marks the tasks
+  ``processed``. If anything fails the transaction rolls back and the rows stay pending for the
+  next pass (article 003's "if a batch fails, the task status remains unchanged").
+- The sweeper never waits on a user-coupon row lock: a coupon locked by a concurrent redeem is
+  skipped (``SKIP LOCKED``) and its task left pending for the next pass. A redeem locks the coupon
+  and then the task, the sweeper the task and then the coupon, so waiting would deadlock.
+- A redeem and the sweeper both flip ``status`` with a condition on ``status = 'unused'``: exactly
+  one of them wins, and a coupon is never both used and expired.
+- No OFFSET anywhere: each batch re-reads the head of the index, and a pass stops on a short batch.
+- Timing and logging happen outside the transactions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from couponcenter.models import UserCoupon
+from couponcenter.redis import get_redis
+
+from .models import ExpirySettings, ExpiryTask
+
+logger = logging.getLogger(__name__)
+
+# Rows per batch when neither the caller nor ExpirySettings says otherwise (article 003: 2000).
+DEFAULT_BATCH_SIZE = 2000
+# A batch gives up on a table lock (say, a migration) after this long instead of queueing behind it.
+LOCK_TIMEOUT_MS = 5000
+# How long expiry_settings_get() trusts its cached row before re-reading ``updated_at``.
+SETTINGS_CACHE_SECONDS = 5.0
+# Size of the ``IN (...)`` lists on databases without the single-statement path (SQLite).
+_IN_CHUNK = 500
+
+PENDING = ExpiryTask.Status.PENDING
+PROCESSED = ExpiryTask.Status.PROCESSED
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """One batch: ``claimed`` tasks locked, ``processed`` marked done, ``expired`` coupons."""
+
+    claimed: int
+    processed: int
+    expired: int
+    seconds: float
+    task_ids: tuple[int, ...] = ()
+
+    @property
+    def skipped(self) -> int:
+        """Claimed tasks left pending because their coupon was locked by a redeem."""
+        return self.claimed - self.processed
+
+
+@dataclass
+class SweepTotals:
+    """A pass of :func:`expiry_sweep_due`."""
+
+    batches: int = 0
+    claimed: int = 0
+    processed: int = 0
+    expired: int = 0
+    seconds: float = 0.0
+    results: list[SweepResult] = field(default_factory=list, repr=False)
+
+    def add(self, result: SweepResult) -> None:
+        self.batches += 1
+        self.claimed += result.claimed
+        self.processed += result.processed
+        self.expired += result.expired
+
+    @property
+    def per_s(self) -> float:
+        return self.processed / self.seconds if self.seconds > 0 else 0.0
+
+
+# --- one batch -----------------------------------------------------------------------------------
+
+# One statement, so one round trip and the locks are taken in a fixed order: tasks, then coupons.
+# ``coupons`` locks the batch's user coupons, skipping any a redeem holds; only tasks whose coupon
+# was locked here are marked processed, the others stay pending for the next pass. The updates
+# find their rows with ``= ANY(ARRAY(...))`` so the plan is a primary-key probe per row; a join
+# lets the planner pick a merge join that walks the whole primary key from its start every batch.
+_SWEEP_SQL = """
+WITH batch AS (
+    SELECT id, user_coupon_id FROM expiry_expirytask
+    WHERE status = 'pending' AND expire_at <= %(now)s
+    ORDER BY expire_at
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), coupons AS (
+    SELECT id, status FROM couponcenter_usercoupon
+    WHERE id = ANY(ARRAY(SELECT user_coupon_id FROM batch))
+    FOR NO KEY UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE couponcenter_usercoupon SET status = 'expired'
+    WHERE id = ANY(ARRAY(SELECT id FROM coupons WHERE status = 'unused')) AND status = 'unused'
+    RETURNING id
+), done AS (
+    UPDATE expiry_expirytask SET status = 'processed', updated_at = %(now)s
+    WHERE id = ANY(ARRAY(SELECT b.id FROM batch b JOIN coupons c ON c.id = b.user_coupon_id))
+    RETURNING id
+)
+SELECT
+    (SELECT count(*) FROM batch),
+    (SELECT count(*) FROM done),
+    (SELECT count(*) FROM expired),
+    CASE WHEN %(ids)s THEN (SELECT array_agg(id) FROM done) END
+"""
+
+
+def expiry_sweep_batch(
+    *, now: datetime, batch_size: int = DEFAULT_BATCH_SIZE, collect_ids: bool = False
+) -> SweepResult:
+    """Expire one bounded batch of due tasks in one transaction; see the module invariants.
+
+    ``collect_ids`` returns the processed task ids too (tests prove two sweepers never share one).
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    started = time.perf_counter()
+    if connection.vendor == "postgresql":
+        claimed, processed, expired, ids = _sweep_batch_postgres(now, batch_size, collect_ids)
+    else:
+        claimed, processed, expired, ids = _sweep_batch_orm(now, batch_size)
+    return SweepResult(
+        claimed=claimed,
+        processed=processed,
+        expired=expired,
+        seconds=time.perf_counter() - started,
+        task_ids=tuple(sorted(ids or ())) if collect_ids else (),
+    )
+
+
+def _sweep_batch_postgres(now: datetime, limit: int, collect_ids: bool) -> tuple:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{LOCK_TIMEOUT_MS}ms"])
+        cursor.execute(_SWEEP_SQL, {"now": now, "limit": limit, "ids": collect_ids})
+        return cursor.fetchone()
+
+
+def _sweep_batch_orm(now: datetime, limit: int) -> tuple:
+    # SQLite: no row locks, but IMMEDIATE transactions make writers take turns, so the rows read
+    # here cannot be claimed by another sweeper before this transaction commits.
+    with transaction.atomic():
+        rows = list(
+            ExpiryTask.objects.select_for_update(skip_locked=True)
+            .filter(status=PENDING, expire_at__lte=now)
+            .order_by("expire_at")
+            .values_list("id", "user_coupon_id")[:limit]
+        )
+        expired = 0
+        for start in range(0, len(rows), _IN_CHUNK):
+            chunk = rows[start : start + _IN_CHUNK]
+            expired += UserCoupon.objects.filter(
+                id__in=[coupon_id for _, coupon_id in chunk], status=UserCoupon.Status.UNUSED
+            ).update(status=UserCoupon.Status.EXPIRED)
+            ExpiryTask.objects.filter(id__in=[task_id for task_id, _ in chunk]).update(
+                status=PROCESSED, updated_at=now
+            )
+    ids = [task_id for task_id, _ in rows]
+    return len(rows), len(rows), expired, ids
+
+
+# --- a pass --------------------------------------------------------------------------------------
+
+
+def expiry_sweep_due(
+    *,
+    now: datetime | None = None,
+    batch_size: int | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    progress: Callable[[SweepResult], None] | None = None,
+    keep_results: bool = False,
+    collect_ids: bool = False,
+) -> SweepTotals:
+    """Sweep batches until one comes back short (or ``should_stop()``); return the totals.
+
+    ``now=None`` re-reads the clock for every batch, so a long pass also takes what fell due
+    meanwhile. An exception ends the pass; the failing batch has rolled back and stays pending.
+    """
+    batch_size = batch_size or expiry_settings_get().batch_size
+    totals = SweepTotals()
+    started = time.perf_counter()
+    try:
+        while not should_stop():
+            result = expiry_sweep_batch(
+                now=now or timezone.now(), batch_size=batch_size, collect_ids=collect_ids
+            )
+            totals.add(result)
+            if keep_results:
+                totals.results.append(result)
+            if progress is not None:
+                progress(result)
+            if result.claimed < batch_size:
+                break
+    finally:
+        totals.seconds = time.perf_counter() - started
+    return totals
+
+
+def next_due_at() -> datetime | None:
+    """When the earliest pending task falls due (the head of the partial index), or None."""
+    return (
+        ExpiryTask.objects.filter(status=PENDING)
+        .order_by("expire_at")
+        .values_list("expire_at", flat=True)
+        .first()
+    )
+
+
+# --- cleanup -------------------------------------------------------------------------------------
+
+
+def expiry_cleanup(
+    *,
+    now: datetime | None = None,
+    retention: timedelta | None = None,
+    batch_size: int | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> int:
+    """Delete tasks processed more than ``retention`` ago, one batch per transaction.
+
+    Age counts from ``updated_at`` (when the task was processed), served by the partial index
+    ``expirytask_processed_age``. Returns the number of rows deleted.
+    """
+    config = expiry_settings_get()
+    now = now or timezone.now()
+    cutoff = now - (config.retention if retention is None else retention)
+    batch_size = batch_size or config.batch_size
+    deleted = 0
+    while not should_stop():
+        with transaction.atomic():
+            ids = list(
+                ExpiryTask.objects.select_for_update(skip_locked=True)
+                .filter(status=PROCESSED, updated_at__lt=cutoff)
+                .order_by("updated_at")
+                .values_list("id", flat=True)[:batch_size]
+            )
+            # Nothing points at a task, so Django deletes each chunk with one plain DELETE.
+            for start in range(0, len(ids), _IN_CHUNK):
+                ExpiryTask.objects.filter(id__in=ids[start : start + _IN_CHUNK]).delete()
+        deleted += len(ids)
+        if len(ids) < batch_size:
+            break
+    return deleted
+
+
+# --- settings ------------------------------------------------------------------------------------
+
+_settings_cache: dict[str, object] = {}
+
+
+def expiry_settings_get(*, max_age: float = SETTINGS_CACHE_SECONDS) -> ExpirySettings:
+    """The single settings row (created with defaults on first use), cached for ``max_age`` s.
+
+    When the cache is older than ``max_age`` only ``updated_at`` is re-read; the row is reloaded
+    when it changed. The sweeper calls this with ``max_age=0`` each pass, so an edit in the admin
+    applies from the next pass, without a restart.
+    """
+    cached = _settings_cache.get("row")
+    fetched = _settings_cache.get("fetched", 0.0)
+    if isinstance(cached, ExpirySettings) and time.monotonic() - fetched < max_age:
+        return cached
+    marker = ExpirySettings.objects.order_by("pk").values_list("pk", "updated_at").first()
+    if not (isinstance(cached, ExpirySettings) and marker == (cached.pk, cached.updated_at)):
+        cached = ExpirySettings.objects.order_by("pk").first() or ExpirySettings.objects.create()
+    _settings_cache.update(row=cached, fetched=time.monotonic())
+    return cached
+
+
+def expiry_settings_cache_clear() -> None:
+    """Forget the cached row (tests; anything that edits the row behind the services' back)."""
+    _settings_cache.clear()
+
+
+def expiry_settings_errors(
+    *, batch_size: int | None, interval: timedelta | None, retention: timedelta | None
+) -> dict[str, str]:
+    """Field errors for a settings change (empty when valid)."""
+    errors = {}
+    if batch_size is None or batch_size < 1:
+        errors["batch_size"] = "Batch size must be at least 1."
+    if interval is None or interval <= timedelta(0):
+        errors["interval"] = "Interval must be greater than zero."
+    if retention is None or retention < timedelta(0):
+        errors["retention"] = "Retention cannot be negative."
+    return errors
+
+
+def expiry_settings_save(*, config: ExpirySettings) -> ExpirySettings:
+    """Save the settings row; sweepers pick it up on their next pass (``updated_at`` moves)."""
+    config.save()
+    _settings_cache.clear()
+    return config
+
+
+# --- last run, for the console -------------------------------------------------------------------
+
+
+def last_run_key() -> str:
+    """Redis hash with the latest pass of any sweeper (read by ``selectors.expiry_stats``)."""
+    return f"{settings.REDIS_KEY_PREFIX}:expiry:last_run"
+
+
+def expiry_run_record(
+    *, totals: SweepTotals, cleaned: int, error: str = "", finished_at: datetime | None = None
+) -> None:
+    """Store a pass's figures in Redis; losing them (Redis down) never fails a sweep."""
+    finished_at = finished_at or timezone.now()
+    fields = {
+        "finished_at": finished_at.isoformat(),
+        "seconds": f"{totals.seconds:.3f}",
+        "batches": totals.batches,
+        "claimed": totals.claimed,
+        "processed": totals.processed,
+        "expired": totals.expired,
+        "cleaned": cleaned,
+        "per_s": f"{totals.per_s:.1f}",
+        "error": error,
+        "worker": f"{socket.gethostname()}:{os.getpid()}",
+    }
+    try:
+        get_redis().hset(last_run_key(), mapping=fields)
+    except redis.RedisError:
+        logger.warning("expiry: could not record the last run in Redis", exc_info=True)

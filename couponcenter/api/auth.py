@@ -1,0 +1,36 @@
+"""Token for username + password (throttled); the one API endpoint open to anonymous callers."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.authtoken.serializers import AuthTokenSerializer
+from rest_framework.authtoken.views import ObtainAuthToken
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
+
+from couponcenter.api.errors import BAD_REQUEST, THROTTLED
+
+
+class TokenApi(ObtainAuthToken):
+    authentication_classes = []
+    permission_classes = [AllowAny]
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "token"
+
+    @extend_schema(
+        operation_id="auth_token",
+        request=AuthTokenSerializer,
+        responses={
+            200: inline_serializer("Token", fields={"token": serializers.CharField()}),
+            400: BAD_REQUEST,
+            429: THROTTLED,
+        },
+        auth=[],
+        description="Exchange a username and password for the API token "
+        "(send it as `Authorization: Token <key>`).",
+    )
+    def post(self, request: Request, *args, **kwargs) -> Response:
+        return super().post(request, *args, **kwargs)

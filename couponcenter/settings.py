@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "couponcenter",
     "reminders",
     "expiry",
@@ -168,6 +169,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "couponcenter.api.pagination.Pagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "couponcenter.api.errors.exception_handler",
+    # Proxies in front of the service; the throttles trust only that many X-Forwarded-For hops
+    # (0: the client's own address, so a forged header cannot dodge the login throttle).
+    "NUM_PROXIES": int(os.environ.get("NUM_PROXIES", "0")),
     "DEFAULT_THROTTLE_RATES": {
         "token": os.environ.get("THROTTLE_TOKEN", "30/min"),
         "claim": os.environ.get("THROTTLE_CLAIM", "100000/min"),
@@ -180,6 +184,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI from the installed sidecar package: /api/docs/ works with no internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "PATH_CONVERTER_OVERRIDES": {"id": int},
 }
 
 # --- I18N, static

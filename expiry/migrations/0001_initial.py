@@ -7,40 +7,84 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('couponcenter', '0001_initial'),
+        ("couponcenter", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ExpirySettings',
+            name="ExpirySettings",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('batch_size', models.PositiveIntegerField(default=2000, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(100000)])),
-                ('interval', models.DurationField(default=datetime.timedelta(seconds=60))),
-                ('retention', models.DurationField(default=datetime.timedelta(days=7))),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "batch_size",
+                    models.PositiveIntegerField(
+                        default=2000,
+                        validators=[
+                            django.core.validators.MinValueValidator(1),
+                            django.core.validators.MaxValueValidator(100000),
+                        ],
+                    ),
+                ),
+                ("interval", models.DurationField(default=datetime.timedelta(seconds=60))),
+                ("retention", models.DurationField(default=datetime.timedelta(days=7))),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'verbose_name': 'expiry settings',
-                'verbose_name_plural': 'expiry settings',
+                "verbose_name": "expiry settings",
+                "verbose_name_plural": "expiry settings",
             },
         ),
         migrations.CreateModel(
-            name='ExpiryTask',
+            name="ExpiryTask",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('expire_at', models.DateTimeField()),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('processed', 'Processed')], default='pending', max_length=10)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('user_coupon', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='expiry_task', to='couponcenter.usercoupon')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("expire_at", models.DateTimeField()),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("pending", "Pending"), ("processed", "Processed")],
+                        default="pending",
+                        max_length=10,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "user_coupon",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="expiry_task",
+                        to="couponcenter.usercoupon",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['expire_at', 'status'], name='expirytask_due'), models.Index(condition=models.Q(('status', 'pending')), fields=['expire_at'], name='expirytask_pending_due'), models.Index(condition=models.Q(('status', 'processed')), fields=['updated_at'], name='expirytask_processed_age')],
+                "indexes": [
+                    models.Index(fields=["expire_at", "status"], name="expirytask_due"),
+                    models.Index(
+                        condition=models.Q(("status", "pending")),
+                        fields=["expire_at"],
+                        name="expirytask_pending_due",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status", "processed")),
+                        fields=["updated_at"],
+                        name="expirytask_processed_age",
+                    ),
+                ],
             },
         ),
     ]

@@ -77,10 +77,13 @@ class Dispatcher:
         on_error: Callable[[BaseException], None] | None = None,
         housekeeping: Sequence[Callable[[], None]] = (),
         may_claim: Callable[[Topic], bool] | None = None,
+        maintenance_every_ms: int = 0,
     ):
         """``housekeeping``: callables run every tick by exactly one worker (a singleton lease),
         e.g. the database reconcile. ``may_claim(topic)``: backpressure; False skips claiming
-        that topic this tick (its due entries wait in Redis)."""
+        that topic this tick (its due entries wait in Redis). ``maintenance_every_ms``: heartbeat,
+        lease sync, reaping and housekeeping run at most this often (0: every tick), so a busy
+        loop spends its round trips on claims; keep it well under the lease time."""
         self._topics = list(topics) if topics is not None else None
         self.config = config or EngineSettings
         self.worker_id = worker_id or leases.new_worker_id()
@@ -90,6 +93,8 @@ class Dispatcher:
         self.on_error = on_error
         self.housekeeping = list(housekeeping)
         self.may_claim = may_claim or (lambda topic: True)
+        self.maintenance_every_ms = maintenance_every_ms
+        self._last_maintenance_ms: int | None = None
         self.started_ms = clock()
         self.leases = leases.SlotLeases(self.worker_id, client=client)
         self._stop = threading.Event()
@@ -105,6 +110,21 @@ class Dispatcher:
         cfg = self.config()
         self.leases.ttl_ms = cfg.lease_ms
         topics = [(topic, cfg.for_topic(topic)) for topic in self.topics()]
+        report = TickReport()
+        now = self.clock()
+        if self._last_maintenance_ms is None or (
+            now - self._last_maintenance_ms >= self.maintenance_every_ms
+        ):
+            self._last_maintenance_ms = now
+            self._maintain(cfg, topics, report)
+        report.owned = {t.name: self.leases.owned(t.name) for t, _ in topics}
+        working = [(topic, ts) for topic, ts in topics if not ts.paused and self.may_claim(topic)]
+        self._claim_round_robin(working, report, budget_ms=cfg.lease_ms // 3)
+        report.next_due_ms = self._next_due(working)
+        return report
+
+    def _maintain(self, cfg: EngineSettings, topics, report: TickReport) -> None:
+        """Heartbeat, slot assignment and leases, reaping, housekeeping."""
         served = {topic.name: self._served_slots(topic, ts) for topic, ts in topics}
         self._heartbeat(cfg)
         live = leases.live_workers(now_ms=self.clock(), lease_ms=cfg.lease_ms, client=self.client)
@@ -113,13 +133,8 @@ class Dispatcher:
         }
         for topic, slot in self.leases.sync(wanted).lost:
             log.warning("lease lost on %s:%s", topic, slot)
-        report = TickReport(owned={t.name: self.leases.owned(t.name) for t, _ in topics})
         self._reap(topics, served, cfg, report)
         self._housekeep(cfg)
-        working = [(topic, ts) for topic, ts in topics if not ts.paused and self.may_claim(topic)]
-        self._claim_round_robin(working, report, budget_ms=cfg.lease_ms // 3)
-        report.next_due_ms = self._next_due(working)
-        return report
 
     def _served_slots(self, topic: Topic, ts: TopicSettings) -> int:
         if self._layouts_seen.get(topic.name) != ts.slots:
@@ -173,19 +188,25 @@ class Dispatcher:
         """Round-robin over owned slots, higher-priority topics drained first."""
         deadline = self.clock() + budget_ms
         for priority in sorted({topic.priority for topic, _ in topics}, reverse=True):
+            now = self.clock()
             active = [
                 (topic, ts, slot)
                 for topic, ts in topics
                 if topic.priority == priority
-                for slot in leases.poll_order(
-                    topic.name, self.leases.owned(topic.name), client=self.client
-                )
+                for slot in self._due_slots(topic, now)
             ]
             while active and not self._stop.is_set():
                 if self.clock() >= deadline:
                     report.busy = True
                     return
                 active = [item for item in active if self._one_batch(*item, report)]
+
+    def _due_slots(self, topic: Topic, now_ms: int) -> list[int]:
+        """Owned slots with something due, in article 000's round-robin order (one pipeline)."""
+        owned = self.leases.owned(topic.name)
+        heads = queue.heads(topic.name, owned, client=self.client)
+        due = [slot for slot in owned if heads[slot] is not None and heads[slot] <= now_ms]
+        return leases.poll_order(topic.name, due, client=self.client) if due else []
 
     def _one_batch(self, topic: Topic, ts: TopicSettings, slot: int, report: TickReport) -> bool:
         """Claim and handle one batch; True when it was full (more may be due)."""

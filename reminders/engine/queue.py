@@ -252,15 +252,25 @@ def stats(
     return out
 
 
-def earliest_due(topic: str, slots: Iterable[int], *, client: Client | None = None) -> int | None:
-    """The smallest due time (ms) in the stores of ``slots``, or None when they are all empty."""
+def heads(
+    topic: str, slots: Iterable[int], *, client: Client | None = None
+) -> dict[int, int | None]:
+    """Per slot, the earliest due time (ms) in its store, or None when empty (one pipeline)."""
     slots = list(slots)
     if not slots:
-        return None
+        return {}
     pipe = scripts.pipeline(_c(client))
     for slot in slots:
         pipe.zrange(slot_keys(topic, slot).store, 0, 0, withscores=True)
-    firsts = [int(rows[0][1]) for rows in pipe.execute() if rows]
+    return {
+        slot: int(rows[0][1]) if rows else None
+        for slot, rows in zip(slots, pipe.execute(), strict=True)
+    }
+
+
+def earliest_due(topic: str, slots: Iterable[int], *, client: Client | None = None) -> int | None:
+    """The smallest due time (ms) in the stores of ``slots``, or None when they are all empty."""
+    firsts = [due for due in heads(topic, slots, client=client).values() if due is not None]
     return min(firsts) if firsts else None
 
 

@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import redis
 from django.conf import settings
@@ -123,3 +123,19 @@ def stop_embedded_server(socket_path: Path | None = None) -> bool:
     with contextlib.suppress(redis.ConnectionError):
         redis.Redis(unix_socket_path=str(socket_path)).shutdown(save=True)
     return True
+
+
+def broker_client() -> redis.Redis | None:
+    """A client on Celery's broker when it is Redis (for queue depths); None for other brokers."""
+    url = settings.CELERY_BROKER_URL
+    key = (os.getpid(), "broker:" + url)
+    client = _clients.get(key)
+    if client is None:
+        if url.startswith("redis+socket://"):
+            client = redis.Redis(unix_socket_path=unquote(url[len("redis+socket://") :]))
+        elif url.startswith(("redis://", "rediss://")):
+            client = redis.Redis.from_url(url)
+        else:
+            return None
+        _clients[key] = client
+    return client

@@ -152,13 +152,10 @@ def _hand_to_delivery(topic: str, slot: int, entries: list[Claimed]) -> None:
 
 
 def delivery_queue_depth() -> int:
-    """Reminder batches waiting in the Celery queue (for backpressure)."""
+    """Reminder batches waiting in the Celery queue (for backpressure); 0 for non-Redis brokers."""
     from django.conf import settings
 
-    from couponcenter.celery import app
+    from couponcenter.redis import broker_client
 
-    with app.connection_for_write() as conn:
-        try:
-            return conn.default_channel.client.llen(settings.DELIVERY_QUEUE)
-        except AttributeError:  # not a Redis broker: no cheap depth, no backpressure
-            return 0
+    client = broker_client()
+    return 0 if client is None else int(client.llen(settings.DELIVERY_QUEUE))

@@ -52,12 +52,26 @@ class Reconciler:
         logger.debug("reconcile took %.3f s", time.perf_counter() - started)
 
 
-def delivery_has_room(topic: Topic) -> bool:
-    """Backpressure for the reminder topic; other topics are not delivered through Celery."""
-    if topic.name not in REMINDER_TOPICS:
-        return True
-    limit = reminder_settings_get().max_delivery_queue
-    return limit == 0 or delivery_queue_depth() < limit
+class DeliveryBackpressure:
+    """Claim reminders only while the Celery delivery queue is shallower than the configured
+    limit; the depth is read at most every ``every_s`` seconds (one LLEN)."""
+
+    def __init__(self, every_s: float = 0.05) -> None:
+        self.every_s = every_s
+        self._checked = 0.0
+        self._room = True
+
+    def __call__(self, topic: Topic) -> bool:
+        if topic.name not in REMINDER_TOPICS:
+            return True  # other topics are not delivered through Celery
+        now = time.monotonic()
+        if now - self._checked >= self.every_s:
+            self._checked = now
+            limit = reminder_settings_get().max_delivery_queue
+            self._room = limit == 0 or delivery_queue_depth() < limit
+            if not self._room:
+                logger.info("backpressure: delivery queue at its limit of %d batches", limit)
+        return self._room
 
 
 def _on_error(exc: BaseException) -> None:
@@ -81,5 +95,8 @@ def build_worker(topic_names: list[str] | None = None) -> Dispatcher:
         version=__version__,
         on_error=_on_error,
         housekeeping=[Reconciler()],
-        may_claim=delivery_has_room,
+        may_claim=DeliveryBackpressure(),
+        # Heartbeat, leases and reaping five times per lease period, not on every tick of a
+        # loop that wakes for each due second.
+        maintenance_every_ms=max(settings.WORKER_LEASE_MS // 5, 50),
     )

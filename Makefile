@@ -19,8 +19,9 @@ install: $(VENV)/.installed
 run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo
+	$(PY) manage.py run_embedded_redis --stop
 	$(PY) manage.py ensure_demo_admin --url http://$(HOST):$(PORT)/admin/
-	PORT=$(PORT) HOST=$(HOST) COUPONCENTER_REDIS_AUTOSTART=0 $(VENV)/bin/honcho start -f Procfile
+	WEB_PORT=$(PORT) WEB_HOST=$(HOST) COUPONCENTER_REDIS_AUTOSTART=0 $(VENV)/bin/honcho start -f Procfile
 
 test: install
 	$(VENV)/bin/pytest

@@ -122,6 +122,9 @@ def stop_embedded_server(socket_path: Path | None = None) -> bool:
     # The server closes the connection as it exits.
     with contextlib.suppress(redis.ConnectionError):
         redis.Redis(unix_socket_path=str(socket_path)).shutdown(save=True)
+    deadline = time.monotonic() + 15
+    while socket_path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # it removes its socket once the save is done and it has exited
     return True
 
 

@@ -147,7 +147,8 @@ def raise_alert(*, title: str, details: dict[str, Any]) -> None:
 
     text = f":rotating_light: {title}\n" + "\n".join(f"- {k}: {v}" for k, v in details.items())
     try:
-        requests.post(url, json={"text": text, "title": title, "details": details},
-                      timeout=settings.WEBHOOK_TIMEOUT_S)  # fmt: skip
+        response = requests.post(url, json={"text": text, "title": title, "details": details},
+                                 timeout=settings.WEBHOOK_TIMEOUT_S)  # fmt: skip
+        response.raise_for_status()  # a refused alert must show in the log, not vanish
     except requests.RequestException:
         logger.exception("alert webhook failed", extra={"url": url})

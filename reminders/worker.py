@@ -37,7 +37,7 @@ class Reconciler:
     def __init__(self, every_s: float | None = None, window_s: float | None = None) -> None:
         self.every_s = settings.RECONCILE_EVERY_S if every_s is None else every_s
         self.window_s = settings.RECONCILE_WINDOW_S if window_s is None else window_s
-        self.last = 0.0
+        self.last = float("-inf")  # the first call always runs, however young the host is
 
     def __call__(self) -> None:
         if time.monotonic() - self.last < self.every_s:

@@ -118,9 +118,11 @@ def subscription_subscribe(
                 "priority": coupon.reminder_priority,
             },
         )
-        if not created and sub.status == Status.SCHEDULED:
-            return sub, False
-        if not created:  # unsubscribed or finished before: schedule afresh
+        if not created and sub.status in (Status.SCHEDULED, Status.SENT):
+            return sub, False  # pending, or the user was reminded already: a no-op
+        if sub.status == Status.FAILED:  # its entry is dead in its old slot (and topic)
+            _unindex([(sub.pk, sub.user_id, sub.coupon_id, sub.slot, sub.priority)])
+        if not created:  # unsubscribed, dropped or failed before: schedule afresh
             sub.status, sub.remind_at = Status.SCHEDULED, remind_at_for(coupon)
             sub.slot, sub.drop_reason, sub.sent_at = slot_for(user_id, slots), "", None
             sub.priority = coupon.reminder_priority

@@ -21,8 +21,10 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         if once:
-            report = worker.run_until_idle()
-            worker.shutdown()
+            try:
+                report = worker.run_until_idle()
+            finally:
+                worker.shutdown()  # hand the slots over now, even after an error
             self.stdout.write(
                 f"claimed {report.claimed}, acked {report.acked}, dropped {report.dropped}, "
                 f"retried {report.retried}, dead {report.dead}, reaped {report.reaped}"

@@ -1,0 +1,114 @@
+"""Issue 4 end to end: subscribe over the API, a real reminder worker and a real Celery worker
+deliver into the inbox; every user sees exactly one notification, on time."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from couponcenter import services as coupon_services
+from reminders.engine import keys
+from reminders.models import Notification, ReminderSubscription
+from reminders.topics import REMINDER_TOPIC
+from tests.e2e.conftest import backlog, wait_for
+from tests.factories import CouponFactory, api_user
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+USERS = 200
+LEAD = timedelta(seconds=5)
+ON_TIME = timedelta(seconds=2)  # a notification shows at most this long after its remind_at
+SETTLE_S = 2.0  # after the last expected notification: long enough for a duplicate to show
+
+
+def _service_client() -> APIClient:
+    _, token = api_user(perms=("couponcenter.act_for_any_user",))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    return client
+
+
+def _inbox(client: APIClient, user_id: int) -> list[dict]:
+    response = client.get(f"/api/users/{user_id}/notifications/")
+    assert response.status_code == 200, response.content
+    return response.json()["results"]
+
+
+def _parse(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def test_every_subscriber_is_reminded_once_on_time(stack, reminder_settings):
+    reminder_settings.change(slots=16, tick_interval_ms=200, merge_window_ms=1000)
+    stack.start()
+    client = _service_client()
+    # Subscribe while the coupons open in an hour, then move the opening close: subscribing over
+    # HTTP takes a while, and moving the time must move every reminder (the worker is running).
+    later = timezone.now() + timedelta(hours=1)
+    coupon = CouponFactory(claim_opens_at=later, reminder_lead=LEAD, name="Big sale")
+    siblings = [CouponFactory(claim_opens_at=later, reminder_lead=LEAD) for _ in range(2)]
+    doomed = CouponFactory(claim_opens_at=later, reminder_lead=LEAD, name="Doomed")
+    users = list(range(1, USERS + 1))
+    cancelled_users, leaver = [1001, 1002, 1003], 2001
+
+    for user_id in users + [leaver]:
+        response = client.put(f"/api/users/{user_id}/reminders/{coupon.pk}/")
+        assert response.status_code == 201, response.content
+    for sibling in siblings:  # user 1 follows three coupons opening at the same instant
+        assert client.put(f"/api/users/1/reminders/{sibling.pk}/").status_code == 201
+    for user_id in cancelled_users:
+        assert client.put(f"/api/users/{user_id}/reminders/{doomed.pk}/").status_code == 201
+    assert client.put(f"/api/users/5/reminders/{coupon.pk}/").status_code == 200  # idempotent
+
+    opens = timezone.now() + timedelta(seconds=8)
+    for c in [coupon, *siblings, doomed]:
+        coupon_services.coupon_update(coupon=c, claim_opens_at=opens)
+
+    leaver_sub = ReminderSubscription.objects.get(user_id=leaver, coupon=coupon)
+    store = keys.slot_keys(REMINDER_TOPIC, leaver_sub.slot).store
+    member = f"{leaver_sub.pk}:{leaver}:{coupon.pk}"
+    from couponcenter.redis import get_redis
+
+    assert get_redis().zscore(store, member) is not None
+    assert client.delete(f"/api/users/{leaver}/reminders/{coupon.pk}/").status_code == 204
+    assert get_redis().zscore(store, member) is None
+    coupon_services.coupon_cancel(coupon=doomed)
+
+    wait_for(
+        lambda: Notification.objects.count() >= USERS,
+        timeout=(opens - timezone.now()).total_seconds() + 10,
+        what=f"{USERS} notifications\n{stack.logs()}",
+    )
+    time.sleep(SETTLE_S)
+
+    remind_at = opens - LEAD
+    for user_id in users:
+        inbox = _inbox(client, user_id)
+        assert len(inbox) == 1, (user_id, inbox)
+        created = _parse(inbox[0]["created_at"])
+        assert remind_at <= created <= remind_at + ON_TIME, (user_id, created, remind_at)
+    merged = _inbox(client, 1)[0]
+    assert merged["title"].startswith("3 coupons you follow open")
+    assert sorted(c["id"] for c in merged["payload"]["coupons"]) == sorted(
+        [coupon.pk] + [s.pk for s in siblings]
+    )
+    for user_id in cancelled_users + [leaver]:
+        assert _inbox(client, user_id) == []
+    assert Notification.objects.count() == USERS
+
+    statuses = dict(
+        ReminderSubscription.objects.filter(coupon=coupon).values_list("user_id", "status")
+    )
+    assert statuses.pop(leaver) == "cancelled"
+    assert set(statuses.values()) == {"sent"}
+    assert set(
+        ReminderSubscription.objects.filter(coupon=doomed).values_list("status", flat=True)
+    ) == {"cancelled"}
+    assert backlog() == {"store": 0, "prepare": 0, "dead": 0}
+
+    listed = client.get(f"/api/users/{leaver}/reminders/").json()["results"]
+    assert [(r["coupon"], r["status"]) for r in listed] == [(coupon.pk, "cancelled")]

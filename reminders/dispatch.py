@@ -28,6 +28,7 @@ from reminders.engine.scripts import Claimed
 from reminders.engine.topics import DROP, HANDED_ON, Result, Topic
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
+from reminders.services.delivery import reminders_dead
 from reminders.topics import REMINDER_TOPIC, REMINDER_TOPIC_HIGH
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def reminder_topics() -> list[Topic]:
             name=name,
             handler=partial(handle_reminders, name),
             pass_slot=True,
+            on_dead=partial(reminders_dead, name),
             priority=priority,
             slots=live.slots,
             max_attempts=live.max_attempts,

@@ -67,7 +67,7 @@ def timeout_topic_spec(name: str) -> TimeoutTopicSpec | None:
 
 def register_all() -> list[Topic]:
     """Register every topic with the engine (idempotent)."""
-    from reminders.services.timeouts import timeout_jobs_handle
+    from reminders.services.timeouts import timeout_jobs_dead, timeout_jobs_handle
 
     topics = []
     for spec in timeout_topic_specs().values():
@@ -76,6 +76,7 @@ def register_all() -> list[Topic]:
                 Topic(
                     name=spec.name,
                     handler=partial(timeout_jobs_handle, spec.name),
+                    on_dead=partial(timeout_jobs_dead, spec.name),
                     slots=spec.slots,
                     max_attempts=spec.max_attempts,
                     visibility_ms=spec.visibility_ms,

@@ -165,6 +165,12 @@ class Dispatcher:
             result = queue.reap(topic.name, range(served[topic.name]), now_ms=now, limit=REAP_LIMIT,
                                 max_attempts=ts.max_attempts, client=self.client)  # fmt: skip
             report.reaped += result.retried + result.dead
+            if result.dead_ids and topic.on_dead is not None:
+                try:
+                    topic.on_dead(list(result.dead_ids))
+                except Exception:  # the entries are in the dead queue either way
+                    log.exception("on_dead of %s failed for %d jobs", topic.name,
+                                  len(result.dead_ids))  # fmt: skip
         if now - self._last_prune_ms >= PRUNE_EVERY_MS:
             self._last_prune_ms = now
             for topic, ts in topics:
@@ -210,6 +216,8 @@ class Dispatcher:
 
     def _one_batch(self, topic: Topic, ts: TopicSettings, slot: int, report: TickReport) -> bool:
         """Claim and handle one batch; True when it was full (more may be due)."""
+        if not self.may_claim(topic):  # backpressure, re-checked between batches
+            return False
         token = self.leases.token(topic.name, slot)
         if token is None:
             return False

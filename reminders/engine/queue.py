@@ -224,7 +224,11 @@ def reap(
                                max_attempts=max_attempts, error="visibility timeout")
              for slot in slots]  # fmt: skip
     results = [scripts.parse_reap(raw) for raw in scripts.run_calls(_c(client), calls)]
-    return ReapResult(sum(r.retried for r in results), sum(r.dead for r in results))
+    return ReapResult(
+        sum(r.retried for r in results),
+        sum(r.dead for r in results),
+        tuple(job_id for r in results for job_id in r.dead_ids),
+    )
 
 
 # --- inspecting ----------------------------------------------------------------------------------
@@ -328,6 +332,14 @@ def purge_dead(
 def record_layout(topic: str, slots: int, *, client: Client | None = None) -> None:
     """Note that ``topic`` uses ``slots`` slots (call whenever the configured count is seen)."""
     _c(client).sadd(keys.layouts(topic), slots)
+
+
+def record_layout_covering(
+    topic: str, slots: Iterable[int], *, client: Client | None = None
+) -> None:
+    """Record the smallest layout that serves every one of ``slots`` (after a flush the layout
+    set is gone too, and an older, larger slot count may still be what these entries use)."""
+    record_layout(topic, 1 << max(slots).bit_length(), client=client)
 
 
 def slot_layouts(topic: str, *, client: Client | None = None) -> list[int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -58,6 +58,8 @@ class NackResult:
 class ReapResult:
     retried: int = 0
     dead: int = 0
+    # The jobs that went dead (the owner's on_dead hook puts their database rows in shape).
+    dead_ids: tuple[str, ...] = field(default=(), compare=False)
 
 
 class LuaScript:
@@ -240,7 +242,7 @@ def reap_call(k: SlotKeys, *, now_ms: int, limit: int, max_attempts: int, error:
 
 
 def parse_reap(raw: Sequence[int]) -> ReapResult:
-    return ReapResult(retried=raw[0], dead=raw[1])
+    return ReapResult(retried=raw[0], dead=raw[1], dead_ids=tuple(as_str(i) for i in raw[2:]))
 
 
 def reap(

@@ -84,6 +84,9 @@ class Topic:
     backoff_cap_ms: int = 300_000
     visibility_ms: int = 30_000
     batch_size: int = 1000
+    # Called with the ids the reaper sent to dead (their visibility ran out max_attempts times),
+    # so the owner can mark its rows and alert: nothing goes dead silently.
+    on_dead: Callable[[list[str]], None] | None = None
     pass_slot: bool = False  # handler(entries, slot): a batch always comes from one slot
     priority: int = 0  # higher first: when a tick's budget runs short, lower ones wait
     needs_due: bool = True  # False: claims skip reading due times (faster); Claimed.due_ms is 0

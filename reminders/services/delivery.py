@@ -265,3 +265,18 @@ def _settle(
     )  # fmt: skip
     return {"delivered": len(report.delivered), "failed": len(report.failed),
             "dead": len(report.dead), "dropped": report.dropped}  # fmt: skip
+
+
+def reminders_dead(topic: str, members: list[str]) -> int:
+    """The reaper sent these entries to dead (every delivery attempt timed out): mark them
+    ``failed`` and alert, as a delivery that failed its last attempt does."""
+    sub_ids = [int(m.partition(":")[0]) for m in members]
+    failed = ReminderSubscription.objects.filter(pk__in=sub_ids, status=Status.SCHEDULED).update(
+        status=Status.FAILED, updated_at=timezone.now()
+    )
+    raise_alert(
+        title=f"{len(members)} reminders dead: delivery timed out on every attempt",
+        details={"topic": topic, "subscriptions": sub_ids[:20], "error": "visibility timeout"},
+    )
+    metrics.record(topic, {"dead": len(members)})
+    return failed

@@ -203,6 +203,7 @@ def subscriptions_reindex(
             lambda r: (reminder_topic_for(r[5]), (member(r[0], r[1], r[2]), _ms(r[3]), r[4])),
         )
         for topic, items in grouped.items():
+            queue.record_layout_covering(topic, [slot for _, _, slot in items])
             added += queue.schedule_many(topic, items, nx=True)
         last_pk = chunk[-1][0]
         if progress is not None:

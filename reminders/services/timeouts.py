@@ -124,9 +124,7 @@ def timeout_jobs_reindex(
         for pk, topic, action_time, slot in chunk:
             by_topic.setdefault(topic, []).append((str(pk), _ms(action_time), slot))
         for topic, items in by_topic.items():
-            # After a flush the topic's layout set is gone too: without it, workers would not
-            # serve slots of an older, larger slot count that these rows still point at.
-            queue.record_layout(topic, 1 << max(slot for _, _, slot in items).bit_length())
+            queue.record_layout_covering(topic, [slot for _, _, slot in items])
             added += queue.schedule_many(topic, items, nx=True)
         last_pk = chunk[-1][0]
         if progress is not None:
@@ -247,3 +245,18 @@ def _post_signed(spec: TimeoutTopicSpec, job: TimeoutJob) -> None:
         },
     )
     response.raise_for_status()
+
+
+def timeout_jobs_dead(topic: str, job_ids: list[str]) -> int:
+    """The reaper sent these jobs to dead (their handler never finished): mark them DEAD."""
+    from reminders.delivery import raise_alert
+
+    ids = [int(j) for j in job_ids if j.isdigit()]
+    dead = TimeoutJob.objects.filter(pk__in=ids, status=TimeoutJob.Status.PENDING).update(
+        status=TimeoutJob.Status.DEAD, last_error="visibility timeout", gmt_modified=timezone.now()
+    )
+    raise_alert(
+        title=f"{len(job_ids)} timeout jobs dead: their handler never finished",
+        details={"topic": topic, "jobs": ids[:20], "error": "visibility timeout"},
+    )
+    return dead

@@ -109,3 +109,15 @@ def test_moving_opening_time_moves_reminders(reminder_settings):
         sub.refresh_from_db()
         assert sub.remind_at == new_open - timedelta(seconds=60)
         assert queue.earliest_due(REMINDER_TOPIC, [sub.slot]) == expected_ms
+
+
+def test_reaped_dead_reminders_are_marked_failed_and_alerted(reminder_settings, caplog):
+    from reminders.services.delivery import reminders_dead
+
+    coupon = _coupon(3600)
+    sub, _ = subscription_subscribe(user_id=30, coupon=coupon)
+    with caplog.at_level("ERROR", logger="reminders.delivery"):
+        assert reminders_dead(REMINDER_TOPIC, [f"{sub.pk}:30:{coupon.pk}"]) == 1
+    sub.refresh_from_db()
+    assert sub.status == ReminderSubscription.Status.FAILED
+    assert any("ALERT" in r.getMessage() for r in caplog.records)

@@ -8,7 +8,16 @@ import pytest
 from reminders.engine import leases, queue
 from reminders.engine.dispatcher import Dispatcher, wall_ms
 from reminders.engine.keys import slot_for
-from reminders.engine.topics import DROP, OK, Dead, EngineSettings, Retry, Topic, TopicSettings
+from reminders.engine.topics import (
+    DROP,
+    HANDED_ON,
+    OK,
+    Dead,
+    EngineSettings,
+    Retry,
+    Topic,
+    TopicSettings,
+)
 
 T = "orders.timeout"
 
@@ -180,3 +189,34 @@ def test_run_forever_wakes_early_for_due_work_and_stops(redis_client):
     assert 0 <= handled["soon"] - due < 150
     assert handled["late"] - late_due < 2100
     assert leases.list_workers(client=redis_client) == []  # deregistered on stop
+
+
+def test_jobs_reaped_into_dead_are_reported_to_the_owner(redis_client):
+    load(redis_client, 3, slots=1)
+    holder = leases.SlotLeases("gone", client=redis_client)
+    holder.sync({T: [0]})
+    queue.claim(T, 0, now_ms=wall_ms(), limit=2, visibility_ms=1, lease_token=holder.token(T, 0),
+                client=redis_client)  # fmt: skip
+    holder.release_all()
+    time.sleep(0.01)
+    dead_reported = []
+    topic = Topic(T, Recorder(), slots=1, max_attempts=1, on_dead=dead_reported.extend)
+    report = Dispatcher([topic], client=redis_client).run_once()
+    assert report.reaped == 2
+    assert sorted(dead_reported) == ["j0", "j1"]
+    assert sorted(d.job_id for d in queue.list_dead(T, 0, client=redis_client)) == ["j0", "j1"]
+
+
+def test_handed_on_entries_stay_in_prepare_until_settled(redis_client):
+    load(redis_client, 3, slots=1)
+    handler = Recorder(lambda e: HANDED_ON)
+    report = Dispatcher([Topic(T, handler, slots=1)], client=redis_client).run_once()
+    assert (report.claimed, report.acked) == (3, 0)
+    assert totals(redis_client, 1) == {"store": 0, "prepare": 3, "dead": 0}
+    assert queue.ack_handed(T, 0, ["j0"], client=redis_client) == 1
+    result = queue.nack_handed(
+        T, 0, [("j1", "boom")], now_ms=wall_ms(), max_attempts=1, backoff_base_ms=0,
+        backoff_cap_ms=0, client=redis_client,
+    )  # fmt: skip
+    assert (result.retried, result.dead) == (0, 1)
+    assert totals(redis_client, 1) == {"store": 0, "prepare": 1, "dead": 1}

@@ -118,3 +118,102 @@ class AccountAdmin(admin.ModelAdmin):
     list_select_related = ["user"]
     search_fields = ["user__username", "=end_user_id"]
     raw_id_fields = ["user"]
+
+
+# --- Operations console additions (issue 5) -------------------------------------------------------
+# Counts that stay fast on tens of millions of rows: the list shows only ``claimed_count`` (a
+# column); subscribed / redeemed / expired are counted on the change page alone, over the
+# (coupon, status) indexes. Moving the opening time goes through ``services.coupon_update``,
+# which moves the coupon's reminders too.
+
+
+class MoveOpeningForm(forms.Form):
+    shift = forms.DurationField(
+        help_text="Move the opening time by this much, e.g. 00:10:00 (later) or -00:05:00.",
+    )
+
+
+admin.site.unregister(Coupon)
+
+
+@admin.register(Coupon)
+class CouponConsoleAdmin(CouponAdmin):
+    actions = [*CouponAdmin.actions, "move_opening_time"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Coupon | None = None) -> list[str]:
+        fields = list(super().get_readonly_fields(request, obj))
+        return [*fields, "subscribed", "redeemed", "expired"] if obj is not None else fields
+
+    def get_fieldsets(self, request: HttpRequest, obj: Coupon | None = None):
+        fieldsets = list(super().get_fieldsets(request, obj))
+        if obj is not None:
+            fieldsets.append(("Counts", {"fields": ["subscribed", "redeemed", "expired"]}))
+        return fieldsets
+
+    def _counts(self, coupon: Coupon) -> dict[str, int]:
+        from reminders.console import coupon_counts
+
+        if not hasattr(coupon, "_console_counts"):
+            coupon._console_counts = coupon_counts(coupon_id=coupon.pk)
+        return coupon._console_counts
+
+    @admin.display(description="subscribed (reminders scheduled)")
+    def subscribed(self, coupon: Coupon) -> int:
+        return self._counts(coupon)["subscribed"]
+
+    @admin.display(description="redeemed")
+    def redeemed(self, coupon: Coupon) -> int:
+        return self._counts(coupon)["redeemed"]
+
+    @admin.display(description="expired")
+    def expired(self, coupon: Coupon) -> int:
+        return self._counts(coupon)["expired"]
+
+    @admin.action(description="Move the opening time of selected coupons", permissions=["change"])
+    def move_opening_time(self, request: HttpRequest, queryset: QuerySet[Coupon]):
+        from django.core.exceptions import ValidationError
+        from django.template.response import TemplateResponse
+
+        from couponcenter.errors import BusinessError
+
+        form = MoveOpeningForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return TemplateResponse(
+                request,
+                "admin/couponcenter/coupon/move_opening.html",
+                {**self.admin_site.each_context(request), "opts": self.opts, "form": form,
+                 "coupons": queryset[:100], "count": min(queryset.count(), 1000),
+                 "pks": list(queryset.values_list("pk", flat=True)[:1000]),
+                 "title": "Move the opening time"},
+            )  # fmt: skip
+        moved, failed = 0, []
+        for coupon in queryset[:1000]:
+            try:
+                services.coupon_update(
+                    coupon=coupon, claim_opens_at=coupon.claim_opens_at + form.cleaned_data["shift"]
+                )
+                moved += 1
+            except (ValidationError, BusinessError) as exc:
+                failed.append(f"#{coupon.pk}: {'; '.join(getattr(exc, 'messages', [str(exc)]))}")
+        self.message_user(request, f"Moved the opening time of {moved} coupon(s).",
+                          messages.SUCCESS)  # fmt: skip
+        if failed:
+            self.message_user(request, "Not moved: " + " | ".join(failed[:10]), messages.ERROR)
+        return None
+
+
+admin.site.unregister(UserCoupon)
+
+
+@admin.register(UserCoupon)
+class UserCouponConsoleAdmin(UserCouponAdmin):
+    """Fast at tens of millions of rows: ``bench_console`` measured the list at ~1 s on 1M rows
+    with a date hierarchy (two full scans for its year links), ``-claimed_at`` ordering (an
+    unindexed sort) and an exact COUNT(*). The primary key follows claim order, so ``-id`` pages
+    newest first through the index, and the paginator estimates the unfiltered count."""
+
+    from reminders.admin.paginator import EstimatedCountPaginator as paginator
+
+    date_hierarchy = None
+    ordering = ["-id"]
+    list_per_page = 50

@@ -3,8 +3,10 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from couponcenter.api import health
+from reminders.admin.console import console_urls
 
 urlpatterns = [
+    path("admin/console/", include(console_urls())),  # the ops console (issue 5)
     path("admin/", admin.site.urls),
     path("api/", include("couponcenter.api.urls")),
     path("api/", include("reminders.api.urls")),

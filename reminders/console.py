@@ -1,0 +1,424 @@
+"""Reads for the operations console (admin pages and ``/api/ops/``): everything comes from here.
+
+Nothing in this module writes. Every read is bounded, so a page stays fast whatever the size of
+the tables and queues behind it:
+- the backlog is one pipeline of O(log n) sorted-set calls per topic (ZCARD, ZCOUNT, ZRANGE 0 0);
+- charts read the per-minute metric hashes of the last hour (``reminders.metrics``);
+- dead letters are read a page at a time (ZREVRANGE with a LIMIT), searched by resolving the id to
+  its slot (from the database row, or from the user id's slot under every layout) and scanning
+  only that slot's dead set;
+- the expiry figures come from ``expiry.selectors`` (a capped count over a partial index).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db.models import Count
+
+from couponcenter.redis import get_redis
+from expiry import selectors as expiry_selectors
+from reminders import metrics
+from reminders.engine import keys, leases, queue, scripts
+from reminders.engine.queue import SlotStats
+from reminders.models import DeadLetter, ReminderSettings, ReminderSubscription, TimeoutJob
+from reminders.selectors import reminder_settings_get
+from reminders.topics import REMINDER_TOPICS, timeout_topic_specs
+
+CHART_MINUTES = 60
+# The p99 shown in the banner: the worst minute among the last few (a single quiet minute after a
+# burst must not hide it, and an hour-old spike must not keep the banner up).
+RECENT_MINUTES = 5
+DEAD_PAGE_MAX_OFFSET = 10_000  # deeper pages of the dead list would read too much per slot
+SEARCH_SCAN_COUNT = 1000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def ms_to_datetime(ms: int | None) -> datetime | None:
+    return None if not ms else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+# --- topics and slots ----------------------------------------------------------------------------
+
+
+def topic_slot_counts(*, live: ReminderSettings | None = None) -> dict[str, int]:
+    """Every topic with the number of slots to look at (every layout not yet drained)."""
+    live = live or reminder_settings_get()
+    configured = dict.fromkeys(REMINDER_TOPICS, live.slots)
+    configured.update({name: spec.slots for name, spec in timeout_topic_specs().items()})
+    return {topic: queue.served_slot_count(topic, slots) for topic, slots in configured.items()}
+
+
+def is_reminder_topic(topic: str) -> bool:
+    return topic in REMINDER_TOPICS
+
+
+# --- backlog -------------------------------------------------------------------------------------
+
+
+@dataclass
+class TopicBacklog:
+    topic: str
+    slots: list[SlotStats]
+    store: int = 0
+    due: int = 0
+    oldest_overdue_ms: int = 0
+    prepare: int = 0
+    dead: int = 0
+
+    def __post_init__(self) -> None:
+        for s in self.slots:
+            self.store += s.store
+            self.due += s.due
+            self.prepare += s.prepare
+            self.dead += s.dead
+            self.oldest_overdue_ms = max(self.oldest_overdue_ms, s.oldest_overdue_ms)
+
+
+@dataclass
+class Backlog:
+    topics: list[TopicBacklog]
+    now_ms: int
+    totals: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = ("store", "due", "prepare", "dead")
+        self.totals = {n: sum(getattr(t, n) for t in self.topics) for n in names}
+        self.totals["oldest_overdue_ms"] = max(
+            (t.oldest_overdue_ms for t in self.topics), default=0
+        )
+
+
+def backlog(*, at_ms: int | None = None, topic: str | None = None) -> Backlog:
+    """Per topic and slot: store size, due now, oldest overdue age, in flight and dead."""
+    at_ms = now_ms() if at_ms is None else at_ms
+    topics = []
+    for name, slots in topic_slot_counts().items():
+        if topic is None or name == topic:
+            topics.append(TopicBacklog(name, queue.stats(name, range(slots), now_ms=at_ms)))
+    return Backlog(topics, at_ms)
+
+
+def backlog_as_dict(data: Backlog) -> dict:
+    return {
+        "now_ms": data.now_ms,
+        "totals": data.totals,
+        "topics": [
+            {
+                "topic": t.topic,
+                "store": t.store,
+                "due": t.due,
+                "oldest_overdue_ms": t.oldest_overdue_ms,
+                "prepare": t.prepare,
+                "dead": t.dead,
+                "slots": [{k: v for k, v in asdict(s).items() if k != "topic"} for s in t.slots],
+            }
+            for t in data.topics
+        ],
+    }
+
+
+# --- throughput and lateness ---------------------------------------------------------------------
+
+
+def throughput(*, minutes: int = CHART_MINUTES, now: float | None = None) -> dict[str, list[dict]]:
+    """Per reminder topic, per minute (oldest first): counts and lateness p50/p99."""
+    return {topic: metrics.series(topic, minutes=minutes, now=now) for topic in REMINDER_TOPICS}
+
+
+def recent_p99_ms(series: dict[str, list[dict]], *, minutes: int = RECENT_MINUTES) -> int | None:
+    worst = [
+        row["lateness_p99_ms"]
+        for rows in series.values()
+        for row in rows[-minutes:]
+        if row["lateness_p99_ms"] is not None
+    ]
+    return max(worst) if worst else None
+
+
+# --- workers -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    worker_id: str
+    host: str
+    pid: int
+    version: str
+    config_version: int
+    heartbeat_age_s: float
+    live: bool
+    current: bool  # has picked up the current ReminderSettings.version
+    owned: dict[str, list[int]]
+
+    @property
+    def owned_summary(self) -> str:
+        return "; ".join(f"{t}: {_ranges(s)}" for t, s in sorted(self.owned.items()) if s) or "-"
+
+
+def workers(*, at_ms: int | None = None, live: ReminderSettings | None = None) -> list[WorkerRow]:
+    """Registered workers (live first), heartbeat age, and whether they run the current config."""
+    at_ms = now_ms() if at_ms is None else at_ms
+    version = (live or reminder_settings_get(fresh=True)).version
+    rows = [
+        WorkerRow(
+            worker_id=w.worker_id,
+            host=w.host,
+            pid=w.pid,
+            version=w.version,
+            config_version=w.config_version,
+            heartbeat_age_s=max(0, at_ms - w.heartbeat_ms) / 1000,
+            live=at_ms - w.heartbeat_ms <= settings.WORKER_LEASE_MS,
+            current=w.config_version >= version,
+            owned=w.owned,
+        )
+        for w in leases.list_workers()
+    ]
+    return sorted(rows, key=lambda r: (not r.live, r.worker_id))
+
+
+def _ranges(slots: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    out, start, prev = [], None, None
+    for s in sorted(slots):
+        if start is None:
+            start = prev = s
+        elif s == prev + 1:
+            prev = s
+        else:
+            out.append(f"{start}-{prev}" if prev != start else f"{start}")
+            start = prev = s
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else f"{start}")
+    return ", ".join(out)
+
+
+# --- the overview page ---------------------------------------------------------------------------
+
+
+def warnings(*, data: Backlog, p99_ms: int | None, live: ReminderSettings) -> list[str]:
+    out = []
+    overdue = data.totals["due"]
+    if overdue > live.backlog_warning:
+        out.append(
+            f"Overdue backlog is {overdue:,} entries (warning threshold {live.backlog_warning:,})."
+        )
+    if p99_ms is not None and p99_ms > live.lateness_warning_ms:
+        out.append(
+            f"p99 delivery lateness is {p99_ms:,} ms over the last {RECENT_MINUTES} minutes "
+            f"(warning threshold {live.lateness_warning_ms:,} ms)."
+        )
+    return out
+
+
+def overview() -> dict:
+    """Everything the overview page shows, read once."""
+    live = reminder_settings_get(fresh=True)
+    at_ms = now_ms()
+    data = backlog(at_ms=at_ms)
+    series = throughput()
+    p99 = recent_p99_ms(series)
+    expiry = expiry_selectors.expiry_stats()
+    return {
+        "settings": live,
+        "backlog": data,
+        "series": series,
+        "p99_ms": p99,
+        "workers": workers(at_ms=at_ms, live=live),
+        "expiry": expiry,
+        "warnings": warnings(data=data, p99_ms=p99, live=live),
+    }
+
+
+# --- dead letters --------------------------------------------------------------------------------
+
+
+def dead_letter_key(topic: str, slot: int, job_id: str) -> str:
+    return f"{topic}|{slot}|{job_id}"
+
+
+def parse_dead_letter_key(value: str) -> tuple[str, int, str]:
+    topic, slot, job_id = value.split("|", 2)
+    return topic, int(slot), job_id
+
+
+def _user_of(topic: str, job_id: str) -> int | None:
+    if is_reminder_topic(topic):
+        parts = job_id.split(":")
+        if len(parts) == 3 and parts[1].isdigit():
+            return int(parts[1])
+    return None
+
+
+def _letter(topic: str, slot: int, entry: queue.DeadEntry) -> DeadLetter:
+    return DeadLetter(
+        key=dead_letter_key(topic, slot, entry.job_id),
+        topic=topic,
+        slot=slot,
+        job_id=entry.job_id,
+        user_id=_user_of(topic, entry.job_id),
+        attempts=entry.attempts,
+        last_error=entry.last_error,
+        died_at=ms_to_datetime(entry.died_ms),
+    )
+
+
+@dataclass
+class DeadPage:
+    letters: list[DeadLetter]
+    total: int  # entries matching the topic/slot filter (exact for those, ignoring the search)
+    has_more: bool
+
+
+def dead_counts(*, topic: str | None = None) -> dict[str, list[int]]:
+    """Per topic, the dead count of each slot (one pipeline per topic)."""
+    return {
+        name: [s.dead for s in queue.stats(name, range(slots), now_ms=0)]
+        for name, slots in topic_slot_counts().items()
+        if topic is None or name == topic
+    }
+
+
+def dead_letter_list(
+    *,
+    topic: str | None = None,
+    slot: int | None = None,
+    search: str = "",
+    offset: int = 0,
+    limit: int = 100,
+) -> DeadPage:
+    """A page of dead letters, most recent first, filtered by topic, slot and a job or user id."""
+    counts = dead_counts(topic=topic)
+    pairs = [
+        (name, s)
+        for name, per_slot in counts.items()
+        for s, n in enumerate(per_slot)
+        if n and (slot is None or s == slot)
+    ]
+    total = sum(counts[name][s] for name, s in pairs)
+    if search.strip():
+        found = dead_letter_search(search.strip(), pairs=pairs)
+        return DeadPage(found[offset : offset + limit], len(found), len(found) > offset + limit)
+    offset = min(max(offset, 0), DEAD_PAGE_MAX_OFFSET)
+    # Each slot is sorted by death time: the page is among the first offset + limit of each.
+    merged = [
+        _letter(name, s, entry)
+        for name, s in pairs
+        for entry in queue.list_dead(name, s, limit=offset + limit)
+    ]
+    merged.sort(key=lambda d: (d.died_at, d.key), reverse=True)
+    return DeadPage(merged[offset : offset + limit], total, total > offset + limit)
+
+
+def dead_letter_search(term: str, *, pairs: list[tuple[str, int]]) -> list[DeadLetter]:
+    """Dead letters whose job id (or subscription id) or end-user id is ``term``."""
+    wanted = set(pairs)
+    topics = {name for name, _ in pairs}
+    candidates: dict[tuple[str, int], set[str]] = {}
+
+    def add(topic: str, slot: int, job_id: str) -> None:
+        if (topic, slot) in wanted:
+            candidates.setdefault((topic, slot), set()).add(job_id)
+
+    if term.count(":") == 2:  # a whole reminder member
+        for name, s in pairs:
+            if is_reminder_topic(name):
+                add(name, s, term)
+    if term.isdigit() and len(term) <= 18:
+        number = int(term)
+        for sub in ReminderSubscription.objects.filter(pk=number).values(
+            "pk", "user_id", "coupon_id", "slot"
+        ):
+            member = f"{sub['pk']}:{sub['user_id']}:{sub['coupon_id']}"
+            for name in topics & set(REMINDER_TOPICS):
+                add(name, sub["slot"], member)
+        for job in TimeoutJob.objects.filter(pk=number).values("pk", "topic", "slot"):
+            add(job["topic"], job["slot"], str(job["pk"]))
+        for name in topics & set(REMINDER_TOPICS):
+            for s in {keys.slot_for(number, n) for n in queue.slot_layouts(name)}:
+                for job_id in _scan_dead(name, s, f"*:{number}:*"):
+                    add(name, s, job_id)
+    return _dead_entries(candidates)
+
+
+def _scan_dead(topic: str, slot: int, pattern: str) -> list[str]:
+    dead = keys.slot_keys(topic, slot).dead
+    client = get_redis()
+    return [
+        scripts.as_str(member)
+        for member, _ in client.zscan_iter(dead, match=pattern, count=SEARCH_SCAN_COUNT)
+    ]
+
+
+def _dead_entries(candidates: dict[tuple[str, int], set[str]]) -> list[DeadLetter]:
+    """The candidates that really are dead, with their meta, most recent first."""
+    groups = [(topic, slot, sorted(ids)) for (topic, slot), ids in candidates.items()]
+    pipe = scripts.pipeline(get_redis())
+    for topic, slot, ids in groups:
+        k = keys.slot_keys(topic, slot)
+        pipe.zmscore(k.dead, ids)
+        pipe.hmget(k.meta, [f for i in ids for f in (f"a:{i}", f"e:{i}")])
+    raw = pipe.execute() if groups else []
+    out = []
+    for g, (topic, slot, ids) in enumerate(groups):
+        scores, meta = raw[2 * g], raw[2 * g + 1]
+        for n, (job_id, score) in enumerate(zip(ids, scores, strict=True)):
+            if score is None:
+                continue
+            entry = queue.DeadEntry(
+                job_id, int(score), int(meta[2 * n] or 0), scripts.as_str(meta[2 * n + 1] or b"")
+            )
+            out.append(_letter(topic, slot, entry))
+    out.sort(key=lambda d: (d.died_at, d.key), reverse=True)
+    return out
+
+
+def dead_letters_get(letter_keys: list[str]) -> list[DeadLetter]:
+    """The given dead letters (``topic|slot|job id`` keys) that are still dead."""
+    candidates: dict[tuple[str, int], set[str]] = {}
+    known = topic_slot_counts()
+    for value in letter_keys:
+        try:
+            topic, slot, job_id = parse_dead_letter_key(value)
+        except ValueError:
+            continue
+        if topic in known and 0 <= slot < known[topic]:
+            candidates.setdefault((topic, slot), set()).add(job_id)
+    return _dead_entries(candidates)
+
+
+def dead_matching_count(*, topic: str, slot: int | None = None) -> int:
+    counts = dead_counts(topic=topic).get(topic, [])
+    return sum(n for s, n in enumerate(counts) if slot is None or s == slot)
+
+
+# --- the coupon change page ----------------------------------------------------------------------
+
+
+def coupon_counts(*, coupon_id: int) -> dict[str, int]:
+    """Subscribed / redeemed / expired for one coupon, over the (coupon, status) indexes.
+
+    For one coupon's change page only: never per row of a list.
+    """
+    from couponcenter.models import UserCoupon
+
+    claims = dict(
+        UserCoupon.objects.filter(coupon_id=coupon_id, status__in=["used", "expired"])
+        .values_list("status")
+        .annotate(n=Count("id"))
+        .values_list("status", "n")
+    )
+    subscribed = ReminderSubscription.objects.filter(
+        coupon_id=coupon_id, status=ReminderSubscription.Status.SCHEDULED
+    ).count()
+    return {
+        "subscribed": subscribed,
+        "redeemed": claims.get("used", 0),
+        "expired": claims.get("expired", 0),
+    }

@@ -123,7 +123,10 @@ class UserCoupon(models.Model):
         USED = "used", "Used"
         EXPIRED = "expired", "Expired"
 
-    coupon = models.ForeignKey(Coupon, on_delete=models.PROTECT, related_name="claims")
+    # No index of its own: the unique (coupon, user_id, seq) constraint leads with it.
+    coupon = models.ForeignKey(
+        Coupon, on_delete=models.PROTECT, related_name="claims", db_index=False
+    )
     user_id = models.BigIntegerField()
     # 1..per_user_limit, unique per (coupon, user): the database itself refuses a claim over the
     # limit.

@@ -15,12 +15,13 @@ Invariants (held by the database, not by luck):
 from __future__ import annotations
 
 import importlib
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Permission
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
@@ -151,24 +152,27 @@ def coupon_claim(*, coupon_id: int, user_id: int, now: datetime | None = None) -
     Raises ``Coupon.DoesNotExist`` for an unknown coupon.
     """
     now = now or timezone.now()
-    # An IntegrityError means a concurrent claim for this user committed the seq we picked, so
-    # every retry sees one more of the user's claims: after per_user_limit of them it is refused.
+    # Most claims are a user's first, so seq 1 is tried without reading the user's claims. An
+    # IntegrityError means that seq is taken (by an earlier or a concurrent claim): the next try
+    # reads the user's claims, and after per_user_limit of them the claim is refused.
+    seq = 1
     for _ in range(MAX_PER_USER_LIMIT):
         try:
-            return _claim_once(coupon_id=coupon_id, user_id=user_id, now=now)
+            return _claim_once(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
         except IntegrityError:
-            continue
-    return _claim_once(coupon_id=coupon_id, user_id=user_id, now=now)
+            seq = _free_seq(coupon_id=coupon_id, user_id=user_id)
+    return _claim_once(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
 
 
-def _claim_once(*, coupon_id: int, user_id: int, now: datetime) -> UserCoupon:
+def _claim_once(*, coupon_id: int, user_id: int, seq: int, now: datetime) -> UserCoupon:
+    if connection.vendor == "postgresql":
+        return _claim_once_one_statement(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
     coupon = Coupon.objects.get(pk=coupon_id)
     # Fail fast without a transaction; the conditional UPDATE below is what actually decides.
     refusal = coupon_claim_refusal(coupon=coupon, now=now)
     if refusal:
         raise ClaimRefused(refusal)
     with transaction.atomic():
-        seq = _free_seq(coupon=coupon, user_id=user_id)
         expires_at = coupon.expires_at or now + coupon.valid_for
         user_coupon = UserCoupon.objects.create(
             coupon=coupon, user_id=user_id, seq=seq, claimed_at=now, expires_at=expires_at
@@ -184,14 +188,74 @@ def _claim_once(*, coupon_id: int, user_id: int, now: datetime) -> UserCoupon:
     return user_coupon
 
 
-def _free_seq(*, coupon: Coupon, user_id: int) -> int:
-    """The lowest free claim slot 1..per_user_limit of this user, or ``limit_reached``."""
-    taken = set(
-        UserCoupon.objects.filter(coupon=coupon, user_id=user_id).values_list("seq", flat=True)
+# PostgreSQL: the whole claim is one statement, so in autocommit it is its own transaction. Every
+# claim of a coupon queues on that coupon's row lock until its commit is durable; here the lock is
+# taken and released inside the server, never across a client round trip (a web worker descheduled
+# while holding it would stall every claim of the coupon). The conditions are the same as
+# ``coupon_claim_refusal``'s; the unique (coupon, user_id, seq) constraint fails the statement as a
+# whole (the counter increment included) when the seq is taken.
+_CLAIM_SQL = """
+WITH taken AS (
+    UPDATE {coupon} SET claimed_count = claimed_count + 1
+    WHERE id = %(coupon_id)s AND status = %(active)s AND claimed_count < total_stock
+      AND claim_opens_at <= %(now)s
+      AND (claim_closes_at IS NULL OR claim_closes_at > %(now)s)
+      AND (expires_at IS NULL OR expires_at > %(now)s)
+    RETURNING id, name, COALESCE(expires_at, %(now)s + valid_for) AS expires_at
+), claimed AS (
+    INSERT INTO {user_coupon} (coupon_id, user_id, seq, status, claimed_at, expires_at)
+    SELECT id, %(user_id)s, %(seq)s, %(unused)s, %(now)s, expires_at FROM taken
+    RETURNING id, expires_at
+), task AS (
+    INSERT INTO {task} (user_coupon_id, expire_at, status, created_at, updated_at)
+    SELECT id, expires_at, %(pending)s, %(now)s, %(now)s FROM claimed
+)
+SELECT claimed.id, claimed.expires_at, taken.name FROM claimed, taken
+"""
+
+
+def _claim_once_one_statement(
+    *, coupon_id: int, user_id: int, seq: int, now: datetime
+) -> UserCoupon:
+    sql = _CLAIM_SQL.format(
+        coupon=connection.ops.quote_name(Coupon._meta.db_table),
+        user_coupon=connection.ops.quote_name(UserCoupon._meta.db_table),
+        task=connection.ops.quote_name(ExpiryTask._meta.db_table),
     )
-    if len(taken) >= coupon.per_user_limit:
+    params = {
+        "coupon_id": coupon_id, "user_id": user_id, "seq": seq, "now": now,
+        "active": Coupon.Status.ACTIVE, "unused": UserCoupon.Status.UNUSED,
+        "pending": ExpiryTask.Status.PENDING,
+    }  # fmt: skip
+    # Inside a caller's transaction, a failed statement must only roll back to a savepoint.
+    savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
+    with savepoint, connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        coupon = Coupon.objects.get(pk=coupon_id)
+        raise ClaimRefused(coupon_claim_refusal(coupon=coupon, now=now) or "sold_out")
+    user_coupon = UserCoupon(
+        id=row[0], coupon_id=coupon_id, user_id=user_id, seq=seq, claimed_at=now, expires_at=row[1]
+    )
+    user_coupon._state.adding = False
+    user_coupon._state.db = connection.alias
+    # The coupon as far as the statement read it: its other fields load on first access.
+    user_coupon.coupon = Coupon.from_db(connection.alias, ["id", "name"], [coupon_id, row[2]])
+    return user_coupon
+
+
+def _free_seq(*, coupon_id: int, user_id: int) -> int:
+    """The lowest free claim slot 1..per_user_limit of this user, or ``limit_reached``."""
+    limit = Coupon.objects.values_list("per_user_limit", flat=True).get(pk=coupon_id)
+    taken = set(
+        UserCoupon.objects.filter(coupon_id=coupon_id, user_id=user_id).values_list(
+            "seq", flat=True
+        )
+    )
+    if len(taken) >= limit:
         raise ClaimRefused("limit_reached")
-    return next(seq for seq in range(1, coupon.per_user_limit + 1) if seq not in taken)
+    return next(seq for seq in range(1, limit + 1) if seq not in taken)
 
 
 def coupon_redeem(*, user_coupon_id: int, user_id: int, now: datetime | None = None) -> UserCoupon:

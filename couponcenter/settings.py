@@ -161,7 +161,7 @@ AUTH_PASSWORD_VALIDATORS = [
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "couponcenter.api.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -193,7 +193,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    "PATH_CONVERTER_OVERRIDES": {"id": int},
+    # The "id" path converter matches 1 to 18 digits (couponcenter/api/urls.py): say so, so that
+    # clients (and the fuzzer) know a longer id is not a request this API answers.
+    "PATH_CONVERTER_OVERRIDES": {
+        "id": {"type": "integer", "format": "int64", "minimum": 0, "maximum": 10**18 - 1}
+    },
 }
 
 # --- I18N, static
@@ -213,6 +217,13 @@ if not DEBUG:
     SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "31536000"))
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
+    # Probes and scrapers talk plain HTTP to the instance itself, not through the TLS edge.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz/", r"^metrics$"]
+
+# --- Observability
+# /metrics answers loopback callers (without X-Forwarded-For) and anyone with this bearer token.
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+METRICS_ALLOW_LOOPBACK = _env_bool("METRICS_ALLOW_LOOPBACK", True)
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOG_JSON = _env_bool("LOG_JSON", False)
@@ -251,7 +262,7 @@ WEBHOOK_ALLOW_HTTP = _env_bool("WEBHOOK_ALLOW_HTTP", DEBUG)
 WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "5"))
 WORKER_LEASE_MS = int(os.environ.get("WORKER_LEASE_MS", "5000"))
 # The worker re-indexes pending jobs due within this window from the database on this schedule.
-RECONCILE_WINDOW_S = int(os.environ.get("RECONCILE_WINDOW_S", "600"))
+RECONCILE_WINDOW_S = int(os.environ.get("RECONCILE_WINDOW_S", "300"))
 RECONCILE_EVERY_S = int(os.environ.get("RECONCILE_EVERY_S", "60"))
 # Delivery: the webhook gateway's target and HMAC secret, and where alerts go (chat webhook).
 NOTIFY_WEBHOOK_URL = os.environ.get("NOTIFY_WEBHOOK_URL", "")

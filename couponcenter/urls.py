@@ -13,6 +13,7 @@ urlpatterns = [
     path("api/", include("expiry.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
-    path("healthz/", health.healthz, name="healthz"),
+    path("healthz/", health.ready, name="healthz"),
+    path("healthz/live/", health.live, name="healthz-live"),
     path("metrics", health.metrics, name="metrics"),
 ]

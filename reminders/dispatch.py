@@ -33,8 +33,6 @@ from reminders.topics import REMINDER_TOPIC, REMINDER_TOPIC_HIGH
 
 logger = logging.getLogger(__name__)
 
-# Messages per Celery task: big enough to amortise a task, small enough to retry cheaply.
-DELIVERY_BATCH = 1000
 # Coupon states are re-read at most this often per process (a hot coupon is in every batch).
 COUPON_STATE_TTL_S = 1.0
 
@@ -96,9 +94,8 @@ def handle_reminders(topic: str, entries: Sequence[Claimed], slot: int) -> list[
 
     The hot path of a burst (200,000 entries in a second), so it does little per entry: one split
     for the coupon id, coupon states from a per-process cache, and a Celery message per
-    ``DELIVERY_BATCH`` members. Members are sorted by user and a batch never splits a user, so
-    the delivery task sees all of a user's reminders claimed together and merges them (a slot holds
-    all of one user's entries, and one claim takes what is due now).
+    claimed batch. A slot holds all of one user's entries and one claim takes what is due now, so
+    the delivery task sees all of a user's reminders claimed together and merges them.
     """
     coupon_of = [e.job_id.rpartition(":")[2] for e in entries]
     reasons = coupon_drop_reasons({int(c) for c in set(coupon_of)})
@@ -129,28 +126,19 @@ def _mark_dropped(dropped: dict[str, list[int]]) -> None:
         ).update(status=ReminderSubscription.Status.DROPPED, drop_reason=reason)
 
 
-def _user(member: str) -> str:
-    return member.split(":", 2)[1]
-
-
 def _hand_to_delivery(topic: str, slot: int, entries: list[Claimed]) -> None:
-    """One task per ``DELIVERY_BATCH`` members (never splitting a user); retries carry attempts."""
+    """One Celery task for the whole claimed batch of one slot (a claim is bounded by the batch
+    size, and all of a user's due entries are in it, so the task can merge them)."""
     from reminders.tasks import deliver_reminders
 
-    members = sorted((e.job_id for e in entries), key=_user)
+    if not entries:
+        return
+    batch = {"topic": topic, "slot": slot, "members": [e.job_id for e in entries]}
     attempts = {e.job_id: e.attempt for e in entries if e.attempt > 1}
-    start = 0
-    while start < len(members):
-        end = min(start + DELIVERY_BATCH, len(members))
-        while end < len(members) and _user(members[end]) == _user(members[end - 1]):
-            end += 1
-        chunk = members[start:end]
-        batch = {"topic": topic, "slot": slot, "members": chunk}
-        if attempts:
-            batch["attempts"] = {m: attempts[m] for m in chunk if m in attempts}
-        # argsrepr: Celery would otherwise saferepr() the whole batch into the message headers.
-        deliver_reminders.apply_async(args=[batch], argsrepr=f"({len(chunk)} reminders)")
-        start = end
+    if attempts:
+        batch["attempts"] = attempts
+    # argsrepr: Celery would otherwise saferepr() the whole batch into the message headers.
+    deliver_reminders.apply_async(args=[batch], argsrepr=f"({len(entries)} reminders)")
 
 
 def delivery_queue_depth() -> int:

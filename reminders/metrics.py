@@ -8,6 +8,7 @@ hash expires after ``RETENTION_S``, so memory is bounded by topics x minutes kep
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 
 from django.conf import settings
@@ -34,10 +35,23 @@ def _key(topic: str, minute: int) -> str:
 
 
 def bucket_for(lateness_ms: float) -> int:
-    for bound in LATENESS_BUCKETS_MS:
-        if lateness_ms <= bound:
-            return bound
-    return LATENESS_BUCKETS_MS[-1]
+    return LATENESS_BUCKETS_MS[min(bisect_left(LATENESS_BUCKETS_MS, lateness_ms),
+                                   len(LATENESS_BUCKETS_MS) - 1)]  # fmt: skip
+
+
+def _observe_many(topic: str, hist: Mapping[int, int], total_ms: float) -> None:
+    """Add a whole batch's samples to the Prometheus histogram at once (one ``inc`` per bucket
+    instead of one ``observe`` per sample: a burst delivers 200,000 of them)."""
+    child = LATENESS.labels(topic)
+    buckets = getattr(child, "_buckets", None)
+    if buckets is None or len(buckets) != len(LATENESS_BUCKETS_MS):
+        for bound, n in hist.items():  # an unexpected client version: the public API
+            for _ in range(n):
+                child.observe(bound / 1000)
+        return
+    for bound, n in hist.items():
+        buckets[LATENESS_BUCKETS_MS.index(bound)].inc(n)
+    child._sum.inc(max(total_ms, 0) / 1000)
 
 
 def record(
@@ -54,10 +68,16 @@ def record(
         if n:
             fields[name] = fields.get(name, 0) + n
             EVENTS.labels(topic, name).inc(n)
+    hist: dict[int, int] = {}
+    total_ms = 0.0
     for sample in lateness_ms:
-        bucket = f"lat:{bucket_for(sample)}"
-        fields[bucket] = fields.get(bucket, 0) + 1
-        LATENESS.labels(topic).observe(max(sample, 0) / 1000)
+        bound = bucket_for(sample)
+        hist[bound] = hist.get(bound, 0) + 1
+        total_ms += sample
+    if hist:
+        _observe_many(topic, hist, total_ms)
+        for bound, n in hist.items():
+            fields[f"lat:{bound}"] = n
     if not fields:
         return
     key = _key(topic, int(now // 60))

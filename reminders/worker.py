@@ -21,8 +21,10 @@ from django.utils import timezone
 
 from couponcenter import __version__
 from couponcenter.celery import app as celery_app
+from couponcenter.redis import get_redis
 from reminders import services
 from reminders.dispatch import delivery_queue_depth
+from reminders.engine import keys
 from reminders.engine.dispatcher import Dispatcher
 from reminders.engine.topics import Topic
 from reminders.selectors import reminder_settings_get
@@ -32,7 +34,13 @@ logger = logging.getLogger(__name__)
 
 
 class Reconciler:
-    """Re-index what is due soon from the database, at most every ``every_s`` seconds."""
+    """Re-index from the database what Redis may have lost.
+
+    - every ``every_s`` seconds, the pending jobs due within ``window_s`` (idempotent, NX);
+    - at once and in full when the epoch marker is gone: Redis was flushed or restarted without
+      its data, so nothing it held can be trusted (the marker is set again first, so exactly one
+      full rebuild runs per loss).
+    """
 
     def __init__(self, every_s: float | None = None, window_s: float | None = None) -> None:
         self.every_s = settings.RECONCILE_EVERY_S if every_s is None else every_s
@@ -40,10 +48,18 @@ class Reconciler:
         self.last = float("-inf")  # the first call always runs, however young the host is
 
     def __call__(self) -> None:
+        started = time.perf_counter()
+        if get_redis().set(keys.epoch(), timezone.now().isoformat(), nx=True):
+            self.last = time.monotonic()
+            counts = services.queues_rebuild()
+            logger.warning(
+                "Redis epoch marker missing (first start, flush or restart): full rebuild",
+                extra={"counts": counts, "seconds": round(time.perf_counter() - started, 3)},
+            )
+            return
         if time.monotonic() - self.last < self.every_s:
             return
         self.last = time.monotonic()
-        started = time.perf_counter()
         counts = services.queues_rebuild(
             due_before=timezone.now() + timedelta(seconds=self.window_s)
         )

@@ -7,7 +7,7 @@ from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.throttling import BaseThrottle, ScopedRateThrottle
+from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from couponcenter import selectors, services
@@ -15,22 +15,24 @@ from couponcenter.api.errors import conflict_serializer, error_responses
 from couponcenter.api.pagination import Pagination, paginated_response
 from couponcenter.api.permissions import ActsForUser
 from couponcenter.api.schema import USER_COUPON_ID, USER_ID
+from couponcenter.api.throttling import FixedWindowScopedThrottle
 from couponcenter.models import Coupon, UserCoupon
 
 CLAIM_REFUSALS = ["sold_out", "limit_reached", "not_open", "closed", "cancelled"]
 REDEEM_REFUSALS = ["expired", "already_used"]
 
 
-class UserCouponOutputSerializer(serializers.ModelSerializer):
+class UserCouponOutputSerializer(serializers.Serializer):
+    # Declared, not a ModelSerializer: building a ModelSerializer's fields from the model costs
+    # more than the rest of a claim request.
+    id = serializers.IntegerField(read_only=True)
+    coupon = serializers.IntegerField(source="coupon_id", read_only=True)
     coupon_name = serializers.CharField(source="coupon.name", read_only=True)
-
-    class Meta:
-        model = UserCoupon
-        fields = [
-            "id", "coupon", "coupon_name", "user_id", "status", "claimed_at", "expires_at",
-            "used_at",
-        ]  # fmt: skip
-        read_only_fields = fields
+    user_id = serializers.IntegerField(read_only=True)
+    status = serializers.ChoiceField(choices=UserCoupon.Status.choices, read_only=True)
+    claimed_at = serializers.DateTimeField(read_only=True)
+    expires_at = serializers.DateTimeField(read_only=True)
+    used_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
 
 class UserCouponListApi(APIView):
@@ -46,7 +48,7 @@ class UserCouponListApi(APIView):
     def get_throttles(self) -> list[BaseThrottle]:
         if self.request.method == "POST":
             self.throttle_scope = "claim"
-            return [ScopedRateThrottle()]
+            return [FixedWindowScopedThrottle()]
         return super().get_throttles()
 
     @extend_schema(

@@ -16,7 +16,13 @@ from couponcenter.selectors import account_end_user_id
 def can_act_for(user: AbstractBaseUser | AnonymousUser | None, user_id: int) -> bool:
     if not user or not user.is_authenticated:
         return False
-    if user.is_staff or user.has_perm("couponcenter.act_for_any_user"):
+    if user.is_staff:
+        return True
+    # Answered by the token authentication's query when it ran; else ask the auth backends.
+    act_for_any = getattr(user, "_act_for_any_user_cache", None)
+    if act_for_any is None:
+        act_for_any = user.has_perm("couponcenter.act_for_any_user")
+    if act_for_any:
         return True
     return account_end_user_id(user=user) == user_id
 

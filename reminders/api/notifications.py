@@ -4,7 +4,8 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.views import APIView
 
-from couponcenter.api.pagination import Pagination
+from couponcenter.api.errors import error_responses
+from couponcenter.api.pagination import Pagination, paginated_response
 from couponcenter.api.permissions import ActsForUser
 from reminders import selectors
 from reminders.models import Notification
@@ -18,10 +19,15 @@ class NotificationOutputSerializer(serializers.ModelSerializer):
 
 class NotificationListApi(APIView):
     permission_classes = [ActsForUser]
+    pagination_class = Pagination
 
-    @extend_schema(responses=NotificationOutputSerializer(many=True))
+    @extend_schema(
+        responses={200: NotificationOutputSerializer(many=True), **error_responses(400, 403, 404)}
+    )
     def get(self, request, user_id: int):
-        notifications = selectors.notification_list(user_id=user_id)
-        paginator = Pagination()
-        page = paginator.paginate_queryset(notifications, request, view=self)
-        return paginator.get_paginated_response(NotificationOutputSerializer(page, many=True).data)
+        return paginated_response(
+            queryset=selectors.notification_list(user_id=user_id),
+            serializer_class=NotificationOutputSerializer,
+            request=request,
+            view=self,
+        )

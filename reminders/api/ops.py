@@ -78,6 +78,9 @@ class BacklogApi(APIView):
         slots = serializers.ListField(child=serializers.DictField())
 
     class OutputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "BacklogOutput"
+
         now_ms = serializers.IntegerField()
         totals = serializers.DictField(child=serializers.IntegerField())
         topics = serializers.ListField(child=serializers.DictField())
@@ -127,6 +130,9 @@ class DeadLetterListApi(APIView):
     permission_classes = [IsStaff]
 
     class FilterSerializer(_SlotCheck, serializers.Serializer):
+        class Meta:
+            ref_name = "DeadLetterListFilter"
+
         topic = _topic_field(required=False)
         slot = serializers.IntegerField(required=False, min_value=0)
         q = serializers.CharField(required=False, default="", max_length=100)
@@ -139,6 +145,9 @@ class DeadLetterListApi(APIView):
             return super().validate(attrs)
 
     class OutputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "DeadLetterListOutput"
+
         total = serializers.IntegerField()
         has_more = serializers.BooleanField()
         results = DeadLetterSerializer(many=True)
@@ -166,6 +175,9 @@ class DeadLetterRequeueApi(APIView):
     permission_classes = [IsStaff]
 
     class InputSerializer(_SlotCheck, serializers.Serializer):
+        class Meta:
+            ref_name = "DeadLetterRequeueInput"
+
         topic = _topic_field()
         slot = serializers.IntegerField(required=False, min_value=0)
         job_ids = serializers.ListField(
@@ -187,6 +199,9 @@ class DeadLetterRequeueApi(APIView):
             return attrs
 
     class OutputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "DeadLetterRequeueOutput"
+
         requested = serializers.IntegerField()
         requeued = serializers.IntegerField()
         rows_fixed = serializers.IntegerField()
@@ -241,11 +256,17 @@ class ConfigApi(APIView):
     permission_classes = [IsStaff]
 
     class OutputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ConfigOutput"
+
         reminder = ReminderSettingsSerializer()
         expiry = ExpirySettingsSerializer()
         workers = WorkerSerializer(many=True)
 
     class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "ConfigInput"
+
         reminder = serializers.DictField(required=False)
         expiry = serializers.DictField(required=False)
 

@@ -6,7 +6,8 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from couponcenter.api.pagination import Pagination
+from couponcenter.api.errors import conflict_serializer, error_responses
+from couponcenter.api.pagination import Pagination, paginated_response
 from couponcenter.api.permissions import ActsForUser
 from couponcenter.models import Coupon
 from reminders import selectors, services
@@ -26,13 +27,18 @@ class SubscriptionOutputSerializer(serializers.ModelSerializer):
 
 class SubscriptionListApi(APIView):
     permission_classes = [ActsForUser]
+    pagination_class = Pagination
 
-    @extend_schema(responses=SubscriptionOutputSerializer(many=True))
+    @extend_schema(
+        responses={200: SubscriptionOutputSerializer(many=True), **error_responses(400, 403, 404)}
+    )
     def get(self, request, user_id: int):
-        subs = selectors.subscription_list(user_id=user_id)
-        paginator = Pagination()
-        page = paginator.paginate_queryset(subs, request, view=self)
-        return paginator.get_paginated_response(SubscriptionOutputSerializer(page, many=True).data)
+        return paginated_response(
+            queryset=selectors.subscription_list(user_id=user_id),
+            serializer_class=SubscriptionOutputSerializer,
+            request=request,
+            view=self,
+        )
 
 
 class SubscriptionDetailApi(APIView):
@@ -40,7 +46,12 @@ class SubscriptionDetailApi(APIView):
 
     @extend_schema(
         request=None,
-        responses={200: SubscriptionOutputSerializer, 201: SubscriptionOutputSerializer},
+        responses={
+            200: SubscriptionOutputSerializer,
+            201: SubscriptionOutputSerializer,
+            409: conflict_serializer("SubscribeConflict", ["cancelled", "closed", "already_open"]),
+            **error_responses(403, 404),
+        },
         description="Subscribe (idempotent): 201 when created, 200 when it already existed. "
         "409 codes: cancelled, closed, already_open.",
     )
@@ -52,7 +63,7 @@ class SubscriptionDetailApi(APIView):
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
-    @extend_schema(request=None, responses={204: None})
+    @extend_schema(request=None, responses={204: None, **error_responses(403, 404)})
     def delete(self, request, user_id: int, coupon_id: int):
         get_object_or_404(Coupon, pk=coupon_id)
         services.subscription_unsubscribe(user_id=user_id, coupon_id=coupon_id)

@@ -9,6 +9,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from couponcenter.api.errors import conflict_serializer, error_responses
 from couponcenter.api.fields import AwareDateTimeField
 from reminders import services
 from reminders.models import TimeoutJob
@@ -75,7 +76,14 @@ def _has_nul(value) -> bool:
 class TimeoutJobCreateApi(APIView):
     permission_classes = [CanManageTimeouts]
 
-    @extend_schema(request=TimeoutJobInputSerializer, responses={201: TimeoutJobOutputSerializer})
+    @extend_schema(
+        request=TimeoutJobInputSerializer,
+        responses={
+            201: TimeoutJobOutputSerializer,
+            409: conflict_serializer("TimeoutJobConflict", ["duplicate"]),
+            **error_responses(400, 403),
+        },
+    )
     def post(self, request):
         data = TimeoutJobInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -86,12 +94,19 @@ class TimeoutJobCreateApi(APIView):
 class TimeoutJobDetailApi(APIView):
     permission_classes = [CanManageTimeouts]
 
-    @extend_schema(responses=TimeoutJobOutputSerializer)
+    @extend_schema(responses={200: TimeoutJobOutputSerializer, **error_responses(403, 404)})
     def get(self, request, job_id: int):
         job = get_object_or_404(TimeoutJob, pk=job_id)
         return Response(TimeoutJobOutputSerializer(job).data)
 
-    @extend_schema(request=None, responses=TimeoutJobOutputSerializer)
+    @extend_schema(
+        request=None,
+        responses={
+            200: TimeoutJobOutputSerializer,
+            409: conflict_serializer("TimeoutJobCancelConflict", ["not_pending"]),
+            **error_responses(403, 404),
+        },
+    )
     def delete(self, request, job_id: int):
         job = get_object_or_404(TimeoutJob, pk=job_id)
         job = services.timeout_job_cancel(job=job)

@@ -237,21 +237,29 @@ class Dispatcher:
 
     def _settle(self, topic, ts, slot, token, entries: list[Claimed], report: TickReport) -> None:
         results = self._handle(topic, entries, slot)
-        done = [e.job_id for e, r in zip(entries, results, strict=True) if r.outcome in _DONE]
-        retry = [(e.job_id, r.error) for e, r in zip(entries, results, strict=True)
-                 if r.outcome is Outcome.RETRY]  # fmt: skip
-        bury = [(e.job_id, r.error) for e, r in zip(entries, results, strict=True)
-                if r.outcome is Outcome.DEAD]  # fmt: skip
+        done, retry, bury = [], [], []
+        for entry, result in zip(entries, results, strict=True):
+            outcome = result.outcome
+            if outcome is Outcome.HANDED_ON:  # the common case of a burst: nothing to settle
+                continue
+            if outcome in _DONE:
+                done.append(entry.job_id)
+                report.dropped += outcome is Outcome.DROP
+            elif outcome is Outcome.RETRY:
+                retry.append((entry.job_id, result.error))
+            elif outcome is Outcome.DEAD:
+                bury.append((entry.job_id, result.error))
         kw = {"lease_token": token, "client": self.client}
         report.acked += queue.ack(topic.name, slot, done, **kw)
-        report.dropped += sum(1 for r in results if r.outcome is Outcome.DROP)
         now = self.clock()
-        nacked = queue.nack(topic.name, slot, retry, now_ms=now, max_attempts=ts.max_attempts,
-                            backoff_base_ms=ts.backoff_base_ms, backoff_cap_ms=ts.backoff_cap_ms,
-                            **kw)  # fmt: skip
-        buried = queue.bury(topic.name, slot, bury, now_ms=now, **kw) if bury else None
-        report.retried += nacked.retried
-        report.dead += nacked.dead + (buried.dead if buried else 0)
+        if retry:
+            nacked = queue.nack(topic.name, slot, retry, now_ms=now, max_attempts=ts.max_attempts,
+                                backoff_base_ms=ts.backoff_base_ms,
+                                backoff_cap_ms=ts.backoff_cap_ms, **kw)  # fmt: skip
+            report.retried += nacked.retried
+            report.dead += nacked.dead
+        if bury:
+            report.dead += queue.bury(topic.name, slot, bury, now_ms=now, **kw).dead
 
     def _handle(self, topic: Topic, entries: list[Claimed], slot: int) -> list[Result]:
         try:
@@ -297,13 +305,15 @@ class Dispatcher:
             while not self._stop.is_set():
                 try:
                     report = self.run_once()
+                    # Inside the try: the sleep reads the config too, and a database outage
+                    # there must not end the loop (it did: the worker exited on the first one).
+                    next_tick = self._sleep(report, next_tick)
                 except Exception as exc:
                     log.exception("tick failed")
                     if self.on_error:
                         self.on_error(exc)
                     self._stop.wait(ERROR_SLEEP_S)
                     continue
-                next_tick = self._sleep(report, next_tick)
         finally:
             self.shutdown()
 

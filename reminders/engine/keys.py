@@ -86,5 +86,11 @@ def layouts(topic: str) -> str:
     return f"{prefix()}:layouts:{topic}"
 
 
+def epoch() -> str:
+    """Set by the reminder workers once Redis holds the schedule; its absence means Redis lost
+    its data (flush, restart without persistence) and the schedule must be rebuilt."""
+    return f"{prefix()}:epoch"
+
+
 def config_version() -> str:
     return f"{prefix()}:config:version"

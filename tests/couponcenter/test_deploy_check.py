@@ -1,0 +1,62 @@
+"""Production settings pass Django's deployment checks, and refuse to start with the dev key."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def production_env(**extra: str) -> dict[str, str]:
+    alphabet = string.ascii_letters + string.digits + "!@#%^&*(-_=+)"
+    env = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY"}}
+    env.update(
+        DJANGO_SETTINGS_MODULE="couponcenter.settings",
+        DEBUG="0",
+        SECRET_KEY="".join(secrets.choice(alphabet) for _ in range(50)),
+        ALLOWED_HOSTS="example.com",
+        PYTHONPATH=str(ROOT),
+    )
+    env.update(extra)
+    return env
+
+
+def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_check_deploy_is_clean_with_production_settings():
+    done = manage("check", "--deploy", "--fail-level", "WARNING", env=production_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_debug_off_with_the_development_key_refuses_to_start():
+    env = production_env()
+    del env["SECRET_KEY"]
+    done = manage("check", env=env)
+    assert done.returncode != 0
+    assert "SECRET_KEY must be set" in done.stderr
+
+
+def test_secrets_come_from_the_environment():
+    """No secret has a non-empty default in the settings: an unset variable means no secret."""
+    script = (
+        "from django.conf import settings as s; "
+        "print(repr((s.METRICS_TOKEN, s.NOTIFY_WEBHOOK_SECRET, s.WEBHOOK_ALLOW_HTTP)))"
+    )
+    env = production_env()
+    for name in ("METRICS_TOKEN", "NOTIFY_WEBHOOK_SECRET", "WEBHOOK_ALLOW_HTTP"):
+        env.pop(name, None)
+    done = manage("shell", "-c", script, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "('', '', False)"

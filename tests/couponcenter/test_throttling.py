@@ -1,0 +1,79 @@
+"""Throttles on the token endpoint (login guessing) and on claims (a runaway caller)."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.cache import cache
+
+from tests.couponcenter.conftest import client_with
+from tests.factories import CouponFactory, api_user
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def rates(settings):
+    """Set the throttle rates of this test; DRF reads them once, so reload after the change."""
+    from rest_framework.settings import api_settings
+    from rest_framework.throttling import SimpleRateThrottle
+
+    def set_rates(**new: str) -> None:
+        settings.REST_FRAMEWORK = {
+            **settings.REST_FRAMEWORK,
+            "DEFAULT_THROTTLE_RATES": {**settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], **new},
+        }
+        api_settings.reload()
+        SimpleRateThrottle.THROTTLE_RATES = api_settings.DEFAULT_THROTTLE_RATES
+
+    yield set_rates
+    api_settings.reload()
+    SimpleRateThrottle.THROTTLE_RATES = api_settings.DEFAULT_THROTTLE_RATES
+
+
+def test_the_token_endpoint_answers_429_past_the_rate(rates, anon):
+    rates(token="3/min")
+    cache.delete_pattern("*throttle_token_*")
+    for _ in range(3):
+        assert anon.post("/api/auth/token/", {"username": "x", "password": "y"}).status_code == 400
+    response = anon.post("/api/auth/token/", {"username": "x", "password": "y"})
+    assert response.status_code == 429
+    assert int(response["Retry-After"]) > 0
+    # Per client address: another address still gets in.
+    assert client_with().post("/api/auth/token/", {"username": "x"}).status_code == 400
+    cache.delete_pattern("*throttle_token_*")
+    assert anon.post("/api/auth/token/", {"username": "x", "password": "y"}).status_code == 400
+
+
+def test_claims_answer_429_past_the_rate_per_caller(rates):
+    rates(claim="3/min")
+    coupon = CouponFactory()
+    service = client_with(api_user(perms=["couponcenter.act_for_any_user"])[1])
+    for user_id in range(1, 4):
+        response = service.post(f"/api/users/{user_id}/coupons/", {"coupon": coupon.pk},
+                                format="json")  # fmt: skip
+        assert response.status_code == 201
+    refused = service.post("/api/users/9/coupons/", {"coupon": coupon.pk}, format="json")
+    assert refused.status_code == 429
+    assert 0 < int(refused["Retry-After"]) <= 61
+    coupon.refresh_from_db()
+    assert coupon.claimed_count == 3  # the refused claim changed nothing
+    # Another caller has its own budget, and reading is not throttled.
+    other = client_with(api_user(perms=["couponcenter.act_for_any_user"])[1])
+    assert (
+        other.post("/api/users/9/coupons/", {"coupon": coupon.pk}, format="json").status_code == 201
+    )
+    assert service.get("/api/users/1/coupons/").status_code == 200
+
+
+def test_the_claim_throttle_lets_claims_through_when_redis_is_down(rates, settings):
+    from couponcenter.bench_http import free_port
+
+    rates(claim="3/min")
+    coupon = CouponFactory()
+    service = client_with(api_user(perms=["couponcenter.act_for_any_user"])[1])
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    settings.REDIS_EMBEDDED = False
+    for user_id in range(1, 6):
+        response = service.post(f"/api/users/{user_id}/coupons/", {"coupon": coupon.pk},
+                                format="json")  # fmt: skip
+        assert response.status_code == 201

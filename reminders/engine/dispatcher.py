@@ -78,12 +78,15 @@ class Dispatcher:
         housekeeping: Sequence[Callable[[], None]] = (),
         may_claim: Callable[[Topic], bool] | None = None,
         maintenance_every_ms: int = 0,
+        min_sleep_ms: float = MIN_SLEEP_S * 1000,
     ):
         """``housekeeping``: callables run every tick by exactly one worker (a singleton lease),
         e.g. the database reconcile. ``may_claim(topic)``: backpressure; False skips claiming
         that topic this tick (its due entries wait in Redis). ``maintenance_every_ms``: heartbeat,
         lease sync, reaping and housekeeping run at most this often (0: every tick), so a busy
-        loop spends its round trips on claims; keep it well under the lease time."""
+        loop spends its round trips on claims; keep it well under the lease time.
+        ``min_sleep_ms``: the shortest sleep between ticks; under a steady stream of due entries
+        it sets how many one claim gathers (and so how many handler calls there are)."""
         self._topics = list(topics) if topics is not None else None
         self.config = config or EngineSettings
         self.worker_id = worker_id or leases.new_worker_id()
@@ -94,6 +97,7 @@ class Dispatcher:
         self.housekeeping = list(housekeeping)
         self.may_claim = may_claim or (lambda topic: True)
         self.maintenance_every_ms = maintenance_every_ms
+        self.min_sleep_s = min_sleep_ms / 1000
         self._last_maintenance_ms: int | None = None
         self.started_ms = clock()
         self.leases = leases.SlotLeases(self.worker_id, client=client)
@@ -327,7 +331,7 @@ class Dispatcher:
             wake = now
         elif report.next_due_ms is not None:
             wake = min(wake, now + max(0.0, (report.next_due_ms - self.clock()) / 1000))
-        self._stop.wait(max(wake - now, MIN_SLEEP_S))
+        self._stop.wait(max(wake - now, self.min_sleep_s))
         return next_tick
 
     def stop(self, *_: object) -> None:

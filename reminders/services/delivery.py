@@ -107,6 +107,11 @@ def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings)
     now = timezone.now()
     report = Report()
     with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # A session that died holding these rows (idle in transaction) must make this task
+            # fail and be retried, not wait forever; see README, idle_in_transaction.
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '10s'")
         if live.late_policy == ReminderSettings.LatePolicy.DROP:
             cutoff = now - live.late_limit
             late = _claim_rows("status = %s AND remind_at < %s", [Status.SCHEDULED, cutoff],
@@ -183,15 +188,28 @@ def _merge(items: list[Item], window_ms: int) -> list[Group]:
     return groups
 
 
-def _coupon_info(coupon_ids: set[int]) -> dict[int, tuple]:
-    """(name, claim_opens_at, reminder_lead) per coupon, from a short per-process cache."""
+@dataclass(frozen=True)
+class CouponInfo:
+    """What a message says about a coupon, prepared once per coupon, not once per reminder."""
+
+    name: str
+    when: str  # "1 minute", "30 s"
+    payload: dict[str, Any]
+
+
+_UNKNOWN = CouponInfo("a coupon", "1 minute", {"id": None, "name": "a coupon"})
+
+
+def _coupon_info(coupon_ids: set[int]) -> dict[int, CouponInfo]:
+    """Per coupon, from a short per-process cache (a hot coupon is in every batch)."""
     now = time.monotonic()
     missing = [c for c in coupon_ids if c not in _coupons or now - _coupons[c][0] > COUPON_TTL_S]
     if missing:
-        for pk, *info in Coupon.objects.filter(pk__in=missing).values_list(
+        for pk, name, opens_at, lead in Coupon.objects.filter(pk__in=missing).values_list(
             "pk", "name", "claim_opens_at", "reminder_lead"
         ):
-            _coupons[pk] = (now, tuple(info))
+            payload = {"id": pk, "name": name, "claim_opens_at": opens_at.isoformat()}
+            _coupons[pk] = (now, CouponInfo(name, _when(lead), payload))
     return {c: _coupons[c][1] for c in coupon_ids if c in _coupons}
 
 
@@ -203,17 +221,15 @@ def _when(lead: timedelta) -> str:
     return f"{minutes} minute{'s' if minutes != 1 else ''}"
 
 
-def _message(group: Group, coupons: dict[int, tuple]) -> Message:
-    fallback = ("a coupon", None, timedelta(seconds=60))
-    info = [coupons.get(item.coupon_id, fallback) for item in group.items]
-    when = _when(info[0][2])
-    names = [name for name, _, _ in info]
-    title = (
-        f"{names[0]} opens in {when}"
-        if len(names) == 1
-        else f"{len(names)} coupons you follow open in {when}"
-    )
-    sub_ids = sorted(item.sub_id for item in group.items)
+def _message(group: Group, coupons: dict[int, CouponInfo]) -> Message:
+    info = [coupons.get(item.coupon_id, _UNKNOWN) for item in group.items]
+    if len(info) == 1:
+        title, body = f"{info[0].name} opens in {info[0].when}", info[0].name
+        sub_ids = [group.items[0].sub_id]
+    else:
+        title = f"{len(info)} coupons you follow open in {info[0].when}"
+        body = ", ".join(c.name for c in info)
+        sub_ids = sorted(item.sub_id for item in group.items)
     key = "reminder:" + "-".join(map(str, sub_ids))
     if len(key) > 190:
         key = "reminder:h:" + hashlib.sha1(key.encode()).hexdigest()
@@ -221,16 +237,9 @@ def _message(group: Group, coupons: dict[int, tuple]) -> Message:
         user_id=group.user_id,
         dedup_key=key,
         title=title,
-        body=", ".join(names),
-        payload={
-            "coupons": [
-                {"id": item.coupon_id, "name": name,
-                 "claim_opens_at": opens.isoformat() if opens else None}
-                for item, (name, opens, _) in zip(group.items, info, strict=True)
-            ],
-            "subscriptions": sub_ids,
-        },
-    )  # fmt: skip
+        body=body,
+        payload={"coupons": [c.payload for c in info], "subscriptions": sub_ids},
+    )
 
 
 # --- settling ------------------------------------------------------------------------------------

@@ -261,7 +261,7 @@ if os.environ.get("TIMEOUT_TOPICS_JSON"):
 WEBHOOK_ALLOW_HTTP = _env_bool("WEBHOOK_ALLOW_HTTP", DEBUG)
 WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "5"))
 WORKER_LEASE_MS = int(os.environ.get("WORKER_LEASE_MS", "5000"))
-WORKER_MIN_SLEEP_MS = float(os.environ.get("WORKER_MIN_SLEEP_MS", "10"))
+WORKER_MIN_SLEEP_MS = float(os.environ.get("WORKER_MIN_SLEEP_MS", "20"))
 # The worker re-indexes pending jobs due within this window from the database on this schedule.
 RECONCILE_WINDOW_S = int(os.environ.get("RECONCILE_WINDOW_S", "300"))
 RECONCILE_EVERY_S = int(os.environ.get("RECONCILE_EVERY_S", "60"))

@@ -194,11 +194,19 @@ def claim_due(
     raw = CLAIM_DUE(client, (k.store, k.prepare, k.meta, k.lease), args)
     if raw[0] == LEASE_LOST:
         raise LeaseLost(k)
-    ids = raw[1::3]
+    n = raw[1] if len(raw) > 1 else 0
+    ids = raw[2 : 2 + n]
     if ids and isinstance(ids[0], bytes):
         ids = [i.decode() for i in ids]
-    dues = _dues(raw[2::3]) if with_due else raw[2::3]
-    return list(map(Claimed, ids, dues, raw[3::3]))
+    rest = 2 + n
+    if with_due:
+        dues, rest = _dues(raw[rest : rest + n]), rest + n
+    else:
+        dues = [0] * n
+    attempts = [1] * n
+    for index, attempt in zip(raw[rest::2], raw[rest + 1 :: 2], strict=True):
+        attempts[index - 1] = attempt
+    return list(map(Claimed, ids, dues, attempts))
 
 
 def _dues(scores: list) -> list[int]:

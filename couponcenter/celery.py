@@ -17,7 +17,9 @@ app.conf.CELERY_DB_REUSE_MAX = 2**31
 
 @task_prerun.connect
 @task_postrun.connect
-def _close_old_connections(**kwargs) -> None:
+def _close_old_connections(task=None, **kwargs) -> None:
+    if task is not None and getattr(task.request, "is_eager", False):
+        return  # run in the caller's process: its connection is the caller's to manage
     from django.db import close_old_connections
 
     close_old_connections()

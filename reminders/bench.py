@@ -38,6 +38,7 @@ from reminders.engine import bench as engine_bench
 from reminders.engine import queue
 from reminders.models import Notification, ReminderSubscription
 from reminders.selectors import reminder_settings_get
+from reminders.services.delivery import _aware
 from reminders.services.subscriptions import member
 from reminders.topics import REMINDER_TOPIC
 
@@ -48,10 +49,6 @@ CELERY_CONCURRENCY = 2
 CELERY_NICE = 5
 
 Progress = Callable[[str, int, int], None]
-
-
-def _ms(moment: datetime) -> int:
-    return int(moment.timestamp() * 1000)
 
 
 # --- processes ------------------------------------------------------------------------------------
@@ -214,12 +211,6 @@ def _inbox_lateness_ms(coupon: Coupon) -> list[float]:
     )
 
 
-def _aware(value):
-    if isinstance(value, str):  # SQLite hands back text
-        value = datetime.fromisoformat(value)
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
 def _pct(sorted_values: list[float], q: float) -> float | None:
     if not sorted_values:
         return None
@@ -235,7 +226,7 @@ def bench_burst(count: int, user_base: int, progress: Progress | None) -> dict[s
         due = timezone.now() + timedelta(seconds=count / 25_000 + 4)
         ReminderSubscription.objects.filter(coupon=coupon).update(remind_at=due)
         vacuum_analyze()
-        due_ms = _ms(due)
+        due_ms = queue.epoch_ms(due)
         items = [(member(pk, user, coupon.pk), due_ms, slot) for pk, user, slot in subs]
         started = time.perf_counter()
         queue.schedule_many(REMINDER_TOPIC, items)
@@ -271,7 +262,7 @@ def bench_steady(
     try:
         subs = _subscriptions(coupon, count, user_base, progress)
         start = timezone.now() + timedelta(seconds=count / 5_000 + 4)
-        start_ms = _ms(start)
+        start_ms = queue.epoch_ms(start)
         due = {pk: start_ms + (i * 1000) // rate for i, (pk, _, _) in enumerate(subs)}
         _set_remind_at(due)
         vacuum_analyze()

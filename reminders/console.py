@@ -12,7 +12,6 @@ the tables and queues behind it:
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
@@ -37,7 +36,7 @@ SEARCH_SCAN_COUNT = 1000
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    return queue.epoch_ms()
 
 
 def ms_to_datetime(ms: int | None) -> datetime | None:

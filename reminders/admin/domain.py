@@ -8,6 +8,12 @@ from reminders.admin.paginator import EstimatedCountPaginator
 from reminders.models import Notification, ReminderSubscription, TimeoutJob
 
 
+def exact_id(term: str) -> int | None:
+    """An id typed in a search box, if it can be one (digits, fits a BIGINT)."""
+    term = term.strip()
+    return int(term) if term.isdigit() and len(term) <= 18 else None
+
+
 @admin.register(TimeoutJob)
 class TimeoutJobAdmin(admin.ModelAdmin):
     list_display = ["job_id", "topic", "biz_type", "biz_id", "status", "action_time", "slot",
@@ -24,8 +30,8 @@ class TimeoutJobAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        if term.isdigit() and len(term) <= 18:
-            return queryset.filter(job_id=int(term)) | queryset.filter(biz_id=term), False
+        if (pk := exact_id(term)) is not None:
+            return queryset.filter(job_id=pk) | queryset.filter(biz_id=term), False
         return queryset.filter(biz_id=term), False
 
 
@@ -43,12 +49,11 @@ class ReminderSubscriptionAdmin(admin.ModelAdmin):
     list_per_page = 50
 
     def get_search_results(self, request, queryset, search_term):
-        term = search_term.strip()
-        if not term:
+        if not search_term.strip():
             return queryset, False
-        if not term.isdigit() or len(term) > 18:
+        if (pk := exact_id(search_term)) is None:
             return queryset.none(), False
-        return queryset.filter(user_id=int(term)) | queryset.filter(coupon_id=int(term)), False
+        return queryset.filter(user_id=pk) | queryset.filter(coupon_id=pk), False
 
 
 @admin.register(Notification)
@@ -62,9 +67,8 @@ class NotificationAdmin(admin.ModelAdmin):
     list_per_page = 50
 
     def get_search_results(self, request, queryset, search_term):
-        term = search_term.strip()
-        if not term:
+        if not search_term.strip():
             return queryset, False
-        if not term.isdigit() or len(term) > 18:
+        if (pk := exact_id(search_term)) is None:
             return queryset.none(), False
-        return queryset.filter(user_id=int(term)), False
+        return queryset.filter(user_id=pk), False

@@ -12,8 +12,10 @@ cluster.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from couponcenter.redis import Client, get_redis
 
@@ -42,6 +44,11 @@ class DeadEntry:
     died_ms: int
     attempts: int
     last_error: str
+
+
+def epoch_ms(moment: datetime | None = None) -> int:
+    """A due time or ``now`` as the engine's milliseconds since the epoch (``moment``: now)."""
+    return time.time_ns() // 1_000_000 if moment is None else int(moment.timestamp() * 1000)
 
 
 def _c(client: Client | None) -> Client:

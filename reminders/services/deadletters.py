@@ -12,7 +12,6 @@ Invariants:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -33,10 +32,6 @@ class RequeueResult:
     requeued: int = 0  # entries moved from dead back to store (filled once the rows commit)
     rows_fixed: int = 0
     skipped: list[str] = field(default_factory=list)  # left dead: a newer pending job exists
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _fix_reminder_rows(job_ids: Sequence[str]) -> int:
@@ -77,7 +72,7 @@ def dead_letters_requeue(*, topic: str, slot: int, job_ids: Sequence[str]) -> Re
 
         def move() -> None:
             result.requeued += queue.requeue_dead(
-                topic, slot, now_ms=_now_ms(), job_ids=movable, limit=len(movable)
+                topic, slot, now_ms=queue.epoch_ms(), job_ids=movable, limit=len(movable)
             )
 
         if movable:

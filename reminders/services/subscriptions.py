@@ -33,10 +33,6 @@ class SubscribeRefused(BusinessError):
     """Codes: ``cancelled``, ``closed``, ``already_open``."""
 
 
-def _ms(moment: datetime) -> int:
-    return int(moment.timestamp() * 1000)
-
-
 def member(sub_id: int, user_id: int, coupon_id: int) -> str:
     return f"{sub_id}:{user_id}:{coupon_id}"
 
@@ -74,7 +70,7 @@ def _index(subs: list[ReminderSubscription]) -> None:
         subs,
         lambda s: (
             reminder_topic_for(s.priority),
-            (member(s.pk, s.user_id, s.coupon_id), _ms(s.remind_at), s.slot),
+            (member(s.pk, s.user_id, s.coupon_id), queue.epoch_ms(s.remind_at), s.slot),
         ),
     )
 
@@ -156,7 +152,7 @@ def subscriptions_reschedule_for_coupon(*, coupon: Coupon) -> int:
     scheduled = ReminderSubscription.objects.filter(coupon=coupon, status=Status.SCHEDULED)
     moved = scheduled.update(remind_at=remind_at, updated_at=timezone.now())
     rows = scheduled.values_list("pk", "user_id", "slot", "priority").order_by("pk")
-    due_ms = _ms(remind_at)
+    due_ms = queue.epoch_ms(remind_at)
 
     def reschedule() -> None:
         for chunk in _chunks(rows.iterator(chunk_size=REINDEX_CHUNK), REINDEX_CHUNK):
@@ -200,7 +196,10 @@ def subscriptions_reindex(
             return added
         grouped = _by_topic(
             chunk,
-            lambda r: (reminder_topic_for(r[5]), (member(r[0], r[1], r[2]), _ms(r[3]), r[4])),
+            lambda r: (
+                reminder_topic_for(r[5]),
+                (member(r[0], r[1], r[2]), queue.epoch_ms(r[3]), r[4]),
+            ),
         )
         for topic, items in grouped.items():
             queue.record_layout_covering(topic, [slot for _, _, slot in items])

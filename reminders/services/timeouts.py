@@ -11,8 +11,6 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -40,10 +38,6 @@ REINDEX_CHUNK = 5000
 
 class TimeoutJobConflict(BusinessError):
     code = "duplicate"
-
-
-def _ms(moment: datetime) -> int:
-    return int(moment.timestamp() * 1000)
 
 
 def timeout_job_create(
@@ -83,7 +77,7 @@ def timeout_job_create(
 
     def index() -> None:
         queue.record_layout(topic, spec.slots)
-        queue.schedule(topic, str(job.job_id), _ms(action_time), slot=job.slot)
+        queue.schedule(topic, str(job.job_id), queue.epoch_ms(action_time), slot=job.slot)
 
     transaction.on_commit(index)
     return job
@@ -122,7 +116,7 @@ def timeout_jobs_reindex(
             return added
         by_topic: dict[str, list[tuple[str, int, int]]] = {}
         for pk, topic, action_time, slot in chunk:
-            by_topic.setdefault(topic, []).append((str(pk), _ms(action_time), slot))
+            by_topic.setdefault(topic, []).append((str(pk), queue.epoch_ms(action_time), slot))
         for topic, items in by_topic.items():
             queue.record_layout_covering(topic, [slot for _, _, slot in items])
             added += queue.schedule_many(topic, items, nx=True)
@@ -224,12 +218,10 @@ def _run_action(spec: TimeoutTopicSpec, job: TimeoutJob) -> None:
         _post_signed(spec, job)
 
 
-def sign(secret: str, body: bytes) -> str:
-    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-
-
 def _post_signed(spec: TimeoutTopicSpec, job: TimeoutJob) -> None:
     import requests
+
+    from reminders.delivery import sign as sign_body
 
     if spec.url.startswith("http://") and not settings.WEBHOOK_ALLOW_HTTP:
         raise ValueError(f"plain-HTTP target refused: {spec.url} (set WEBHOOK_ALLOW_HTTP=1)")
@@ -241,7 +233,7 @@ def _post_signed(spec: TimeoutTopicSpec, job: TimeoutJob) -> None:
         headers={
             "Content-Type": "application/json",
             "Idempotency-Key": f"{job.topic}:{job.pk}",
-            "X-Coupon-Center-Signature": f"sha256={sign(spec.secret, body)}",
+            "X-Coupon-Center-Signature": f"sha256={sign_body(spec.secret, body)}",
         },
     )
     response.raise_for_status()

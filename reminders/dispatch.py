@@ -4,7 +4,9 @@ A claimed batch of one slot is turned into delivery batches:
 - entries whose coupon can no longer help (cancelled, sold out, claim window over) are dropped and
   counted, never sent (so are those later than the late limit under the "drop" policy, at delivery);
 - a user's reminders due within the same merge window become one message;
-- messages go to Celery in batches (``deliver_reminders``), never one task per reminder.
+- messages go to Celery in batches (``deliver_reminders``), never one task per reminder: the
+  entries one claim round hands on, over all slots, travel together (up to the batch size per
+  task), so a steady trickle over 16 slots is one task per round, not sixteen.
 
 The handed-on entries stay in the slot's prepare set: the delivery task acks the delivered ones and
 nacks the failed ones, so a Celery worker dying mid-delivery only delays them until the visibility
@@ -24,6 +26,7 @@ from django.utils import timezone
 
 from couponcenter.models import Coupon
 from reminders import metrics
+from reminders.engine import queue
 from reminders.engine.scripts import Claimed
 from reminders.engine.topics import DROP, HANDED_ON, Result, Topic
 from reminders.models import ReminderSubscription
@@ -46,6 +49,7 @@ def reminder_topics() -> list[Topic]:
         Topic(
             name=name,
             handler=partial(handle_reminders, name),
+            flush=partial(flush_reminders, name),
             pass_slot=True,
             on_dead=partial(reminders_dead, name),
             priority=priority,
@@ -126,19 +130,56 @@ def _mark_dropped(dropped: dict[str, list[int]]) -> None:
         ).update(status=ReminderSubscription.Status.DROPPED, drop_reason=reason)
 
 
-def _hand_to_delivery(topic: str, slot: int, entries: list[Claimed]) -> None:
-    """One Celery task for the whole claimed batch of one slot (a claim is bounded by the batch
-    size, and all of a user's due entries are in it, so the task can merge them)."""
-    from reminders.tasks import deliver_reminders
+# Per topic, what this round handed on and has not published yet: [(slot, entries), ...].
+_outbox: dict[str, list[tuple[int, list[Claimed]]]] = defaultdict(list)
 
+
+def _hand_to_delivery(topic: str, slot: int, entries: list[Claimed]) -> None:
+    """Queue a slot's batch for delivery; published at the end of the claim round, or at once
+    when the topic's outbox holds a batch size's worth (a burst: full batches go straight out)."""
     if not entries:
         return
-    batch = {"topic": topic, "slot": slot, "members": [e.job_id for e in entries]}
-    attempts = {e.job_id: e.attempt for e in entries if e.attempt > 1}
+    parts = _outbox[topic]
+    parts.append((slot, entries))
+    if sum(len(e) for _, e in parts) >= reminder_settings_get().batch_size:
+        flush_reminders(topic)
+
+
+def flush_reminders(topic: str) -> None:
+    """Publish the topic's outbox as one Celery task. A user's entries all live in one slot and
+    one claim takes every due one, so the task still sees them together and merges them.
+
+    If the broker refuses the task, the entries go back to their slots with backoff (and count an
+    attempt), as a failed delivery's do; if Redis refuses that too they stay in prepare and the
+    reaper returns them after the visibility timeout.
+    """
+    from reminders.tasks import deliver_reminders
+
+    parts = _outbox.pop(topic, None)
+    if not parts:
+        return
+    batch: dict = {"topic": topic, "parts": [[slot, [e.job_id for e in es]] for slot, es in parts]}
+    attempts = {e.job_id: e.attempt for _, es in parts for e in es if e.attempt > 1}
     if attempts:
         batch["attempts"] = attempts
-    # argsrepr: Celery would otherwise saferepr() the whole batch into the message headers.
-    deliver_reminders.apply_async(args=[batch], argsrepr=f"({len(entries)} reminders)")
+    count = sum(len(es) for _, es in parts)
+    try:
+        # argsrepr: Celery would otherwise saferepr() the whole batch into the message headers.
+        deliver_reminders.apply_async(args=[batch], argsrepr=f"({count} reminders)")
+    except Exception as exc:
+        logger.exception("handing %d reminders of %s to Celery failed", count, topic)
+        _give_back(topic, parts, f"{type(exc).__name__}: {exc}"[:500])
+        raise
+
+
+def _give_back(topic: str, parts: list[tuple[int, list[Claimed]]], error: str) -> None:
+    live = reminder_settings_get()
+    for slot, entries in parts:
+        queue.nack_handed(
+            topic, slot, [(e.job_id, error) for e in entries], now_ms=queue.epoch_ms(),
+            max_attempts=live.max_attempts, backoff_base_ms=live.backoff_ms,
+            backoff_cap_ms=max(live.backoff_ms, 300_000),
+        )  # fmt: skip
 
 
 def delivery_queue_depth() -> int:

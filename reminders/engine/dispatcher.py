@@ -3,9 +3,10 @@
 A tick: read the config, heartbeat, work out which slots this worker should own, sync the slot
 leases, reap expired in-flight entries if we hold the reaper singleton, then claim due entries
 batch by batch, round-robin over the owned slots (starting where the shared INCR counter points),
-hand each batch to its topic's handler and ack / nack / bury per item. A tick stops claiming when
-every slot came back short or its time budget (a third of the lease time) is spent; the loop then
-sleeps until the next tick or the earliest due entry in the owned slots, whichever is sooner.
+hand each batch to its topic's handler and ack / nack / bury per item, then call each topic's
+``flush`` hook (a handler may gather a round's batches into one hand-off). A tick stops claiming
+when every slot came back short or its time budget (a third of the lease time) is spent; the loop
+then sleeps until the next tick or the earliest due entry in the owned slots, whichever is sooner.
 
 A batch whose ack or nack hits LeaseLost is dropped in hand: another worker owns the slot now,
 and the entries come back to it through the reaper after the visibility timeout.
@@ -123,7 +124,10 @@ class Dispatcher:
             self._maintain(cfg, topics, report)
         report.owned = {t.name: self.leases.owned(t.name) for t, _ in topics}
         working = [(topic, ts) for topic, ts in topics if not ts.paused and self.may_claim(topic)]
-        self._claim_round_robin(working, report, budget_ms=cfg.lease_ms // 3)
+        try:
+            self._claim_round_robin(working, report, budget_ms=cfg.lease_ms // 3)
+        finally:
+            self._flush(working)
         report.next_due_ms = self._next_due(working)
         return report
 
@@ -210,6 +214,19 @@ class Dispatcher:
                     report.busy = True
                     return
                 active = [item for item in active if self._one_batch(*item, report)]
+
+    def _flush(self, topics) -> None:
+        """Each topic's ``flush`` hook, higher priorities first; a failing one is logged and
+        the rest still run (what it held stays in prepare and is reaped, never lost)."""
+        for topic, _ in sorted(topics, key=lambda item: -item[0].priority):
+            if topic.flush is None:
+                continue
+            try:
+                topic.flush()
+            except Exception as exc:
+                log.exception("flush of %s failed", topic.name)
+                if self.on_error:
+                    self.on_error(exc)
 
     def _due_slots(self, topic: Topic, now_ms: int) -> list[int]:
         """Owned slots with something due, in article 000's round-robin order (one pipeline)."""

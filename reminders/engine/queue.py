@@ -13,7 +13,7 @@ cluster.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -198,6 +198,16 @@ def ack_handed(
 ) -> int:
     """A deliverer finished entries handed on to it: drop them from prepare."""
     return ack(topic, slot, job_ids, lease_token=HANDED_TOKEN, client=client)
+
+
+def ack_handed_many(
+    topic: str, parts: Mapping[int, Sequence[str]], *, client: Client | None = None
+) -> int:
+    """``ack_handed`` for several slots at once ({slot: job ids}), in one pipeline."""
+    calls = [scripts.ACK.call((k.prepare, k.meta, k.lease), (HANDED_TOKEN, *ids))
+             for slot, ids in parts.items() if ids
+             for k in (slot_keys(topic, slot),)]  # fmt: skip
+    return sum(int(n) for n in scripts.run_calls(_c(client), calls)) if calls else 0
 
 
 def nack_handed(

@@ -90,6 +90,11 @@ class Topic:
     pass_slot: bool = False  # handler(entries, slot): a batch always comes from one slot
     priority: int = 0  # higher first: when a tick's budget runs short, lower ones wait
     needs_due: bool = True  # False: claims skip reading due times (faster); Claimed.due_ms is 0
+    # Called after every claim round (also one cut short by an error or the time budget): a
+    # handler that hands entries on may gather the small batches of one round's slots and
+    # publish them together here, so a steady trickle over many slots is one delivery task per
+    # round, not one per slot.
+    flush: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         if not TOPIC_NAME.match(self.name):

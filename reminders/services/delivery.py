@@ -1,8 +1,10 @@
 """Delivering reminder batches: gateway, ledger, then ack or nack in the engine.
 
-A batch is what the dispatcher handed on from one claim of one slot:
-``{"topic", "slot", "members": ["<sub id>:<user id>:<coupon id>", ...], "attempts": {member: n}}``
-(a member missing from ``attempts`` is on its first attempt).
+A batch is what the dispatcher handed on from one claim round, grouped by slot:
+``{"topic", "parts": [[slot, ["<sub id>:<user id>:<coupon id>", ...]], ...],
+"attempts": {member: n}}``
+(a member missing from ``attempts`` is on its first attempt). The one-slot form of earlier
+releases, ``{"topic", "slot", "members"}``, is still accepted (tasks queued across an upgrade).
 
 Invariants:
 - a subscription is delivered only while it is ``scheduled``. For the inbox, marking it ``sent``
@@ -72,14 +74,17 @@ class Report:
 
 
 def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
-    topic, slot, members = batch["topic"], batch["slot"], batch["members"]
+    topic = batch["topic"]
+    parts = batch["parts"] if "parts" in batch else [[batch["slot"], batch["members"]]]
+    slot_of = {member: slot for slot, members in parts for member in members}
+    members = list(slot_of)
     live = reminder_settings_get()
     gateway = gateway_for(live.gateway)
     if isinstance(gateway, InboxGateway):
         report = _deliver_inbox(gateway, members, live)
     else:
         report = _deliver_external(gateway, members, batch.get("attempts") or {}, live)
-    return _settle(topic, slot, members, live, report)
+    return _settle(topic, slot_of, live, report)
 
 
 # --- inbox: one transaction ----------------------------------------------------------------------
@@ -246,7 +251,7 @@ def _message(group: Group, coupons: dict[int, CouponInfo]) -> Message:
 
 
 def _settle(
-    topic: str, slot: int, members: list[str], live: ReminderSettings, report: Report
+    topic: str, slot_of: dict[str, int], live: ReminderSettings, report: Report
 ) -> dict[str, int]:
     now_ms = int(time.time() * 1000)
     if report.dead:
@@ -254,10 +259,17 @@ def _settle(
             status=Status.FAILED
         )
     failed = {member for member, _ in report.failed}
-    queue.ack_handed(topic, slot, [m for m in members if m not in failed])
-    if report.failed:
+    done: dict[int, list[str]] = defaultdict(list)
+    for member, slot in slot_of.items():
+        if member not in failed:
+            done[slot].append(member)
+    queue.ack_handed_many(topic, done)
+    retry: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    for member, error in report.failed:
+        retry[slot_of[member]].append((member, error))
+    for slot, failures in retry.items():
         queue.nack_handed(
-            topic, slot, report.failed, now_ms=now_ms, max_attempts=live.max_attempts,
+            topic, slot, failures, now_ms=now_ms, max_attempts=live.max_attempts,
             backoff_base_ms=live.backoff_ms, backoff_cap_ms=max(live.backoff_ms, 300_000),
         )  # fmt: skip
     if report.dead:

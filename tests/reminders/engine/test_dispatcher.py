@@ -220,3 +220,46 @@ def test_handed_on_entries_stay_in_prepare_until_settled(redis_client):
     )  # fmt: skip
     assert (result.retried, result.dead) == (0, 1)
     assert totals(redis_client, 1) == {"store": 0, "prepare": 1, "dead": 1}
+
+
+def test_flush_runs_once_per_round_after_every_slot_was_handled(redis_client):
+    load(redis_client, 40)
+    events = []
+
+    def handler(entries):
+        events.append(("handle", len(entries)))
+        return [HANDED_ON] * len(entries)
+
+    topic = Topic(T, handler, slots=4, flush=lambda: events.append(("flush", 0)))
+    report = Dispatcher([topic], client=redis_client).run_once()
+    assert report.claimed == 40
+    assert [kind for kind, _ in events] == ["handle"] * 4 + ["flush"]
+    assert sum(n for _, n in events) == 40
+
+
+def test_a_failing_flush_is_reported_and_the_next_topic_still_flushes(redis_client):
+    load(redis_client, 4, slots=1)
+    errors, flushed = [], []
+
+    def broken_flush():
+        raise ConnectionError("broker gone")
+
+    high = Topic("orders.high", lambda e: [OK] * len(e), slots=1, priority=1, flush=broken_flush)
+    low = Topic(T, lambda e: [HANDED_ON] * len(e), slots=1, flush=lambda: flushed.append(1))
+    worker = Dispatcher([high, low], client=redis_client, on_error=errors.append)
+    report = worker.run_once()
+    assert report.claimed == 4 and flushed == [1]
+    assert [type(e) for e in errors] == [ConnectionError]
+
+
+def test_flush_runs_even_when_the_round_is_cut_short(redis_client):
+    load(redis_client, 4, slots=1)
+    flushed = []
+
+    def crash(entries):
+        raise KeyboardInterrupt  # not an Exception: escapes the handler guard
+
+    topic = Topic(T, crash, slots=1, flush=lambda: flushed.append(1))
+    with pytest.raises(KeyboardInterrupt):
+        Dispatcher([topic], client=redis_client).run_once()
+    assert flushed == [1]

@@ -1,0 +1,149 @@
+"""Handing reminders to Celery: one task per claim round over all slots, settled per slot.
+
+Real broker (the test Redis), real database; the task is run from the message the dispatcher
+published, as a Celery worker would run it.
+"""
+
+import base64
+import json
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from couponcenter.celery import app as celery_app
+from couponcenter.redis import broker_client
+from reminders.engine import queue
+from reminders.models import Notification, ReminderSubscription
+from reminders.services import subscription_subscribe
+from reminders.services.delivery import reminders_deliver
+from reminders.topics import REMINDER_TOPIC
+from reminders.worker import build_worker
+from tests.factories import CouponFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def delivery_queue(settings):
+    """A Celery queue of this test's own on the real broker (non-eager publishing)."""
+    name = f"test-delivery-{uuid.uuid4().hex[:8]}"
+    before = celery_app.conf.task_default_queue
+    celery_app.conf.task_default_queue = name
+    settings.DELIVERY_QUEUE = name
+    client = broker_client()
+    if client is None:
+        pytest.skip("needs a Redis broker")
+    yield name, client
+    celery_app.conf.task_default_queue = before
+    client.delete(name)
+
+
+def _reset_producers() -> None:
+    celery_app._pool = None
+    celery_app.amqp._producer_pool = None
+
+
+@pytest.fixture
+def broker_down():
+    """Celery's broker pointed at a closed port: publishing fails with a connection error."""
+    before = (celery_app.conf.broker_url, celery_app.conf.task_publish_retry)
+    celery_app.conf.broker_url = "redis://127.0.0.1:1/0"
+    celery_app.conf.task_publish_retry = False
+    _reset_producers()
+    yield
+    celery_app.conf.broker_url, celery_app.conf.task_publish_retry = before
+    _reset_producers()
+
+
+def _published(name: str, client) -> list[dict]:
+    """The task arguments of every message in the queue (kombu's JSON envelope, protocol 2)."""
+    batches = []
+    for raw in client.lrange(name, 0, -1):
+        body = json.loads(base64.b64decode(json.loads(raw)["body"]))
+        batches.append(body[0][0])
+    return batches
+
+
+def _subscribers(count: int, opens_in_s: float = 30):
+    coupon = CouponFactory(claim_opens_at=timezone.now() + timedelta(seconds=opens_in_s))
+    subs = [subscription_subscribe(user_id=u, coupon=coupon)[0] for u in range(1, count + 1)]
+    return coupon, subs
+
+
+def _in_flight(slots: int = 16) -> tuple[int, int]:
+    stats = queue.stats(REMINDER_TOPIC, range(slots), now_ms=queue.epoch_ms())
+    return sum(s.store for s in stats), sum(s.prepare for s in stats)
+
+
+def test_one_round_over_many_slots_is_one_task_settled_per_slot(reminder_settings, delivery_queue):
+    name, client = delivery_queue
+    _, subs = _subscribers(40)
+    assert len({s.slot for s in subs}) > 4  # spread over many slots
+    worker = build_worker([REMINDER_TOPIC])
+    try:
+        report = worker.run_once()
+    finally:
+        worker.shutdown()
+    assert report.claimed == 40
+    (batch,) = _published(name, client)
+    assert batch["topic"] == REMINDER_TOPIC
+    assert {slot for slot, _ in batch["parts"]} == {s.slot for s in subs}
+    assert sorted(m for _, members in batch["parts"] for m in members) == sorted(
+        f"{s.pk}:{s.user_id}:{s.coupon_id}" for s in subs
+    )
+    assert _in_flight() == (0, 40)  # handed on: in prepare until the task settles them
+
+    assert reminders_deliver(batch)["delivered"] == 40
+    assert Notification.objects.count() == 40
+    assert _in_flight() == (0, 0)  # acked in every slot
+
+
+def test_full_batches_go_out_at_once_during_a_round(reminder_settings, delivery_queue):
+    name, client = delivery_queue
+    reminder_settings.change(slots=1, batch_size=10)
+    _subscribers(25)
+    worker = build_worker([REMINDER_TOPIC])
+    try:
+        worker.run_until_idle()
+    finally:
+        worker.shutdown()
+    sizes = sorted(sum(len(m) for _, m in b["parts"]) for b in _published(name, client))
+    assert sizes == [5, 10, 10]
+
+
+def test_a_refused_publish_puts_the_round_back_with_backoff(
+    reminder_settings, delivery_queue, broker_down, caplog
+):
+    reminder_settings.change(backoff_ms=60_000)
+    _subscribers(12)
+    worker = build_worker([REMINDER_TOPIC])
+    try:
+        report = worker.run_once()
+    finally:
+        worker.shutdown()
+    assert report.claimed == 12
+    assert _in_flight() == (12, 0)  # back in store, not stuck in prepare
+    assert "handing 12 reminders" in caplog.text
+    stats = queue.stats(REMINDER_TOPIC, range(16), now_ms=queue.epoch_ms())
+    assert sum(s.due for s in stats) == 0  # waiting out the backoff
+    assert not Notification.objects.exists()
+    assert set(ReminderSubscription.objects.values_list("status", flat=True)) == {"scheduled"}
+
+
+def test_a_one_slot_batch_of_the_previous_format_is_still_delivered(reminder_settings):
+    reminder_settings.change(slots=1)
+    _subscribers(3)
+    # Claimed and handed on as a worker of the previous release did, one slot per task.
+    token = queue.HANDED_TOKEN
+    claimed = queue.claim(
+        REMINDER_TOPIC, 0, now_ms=queue.epoch_ms(), limit=100, visibility_ms=60_000,
+        lease_token=token,
+    )  # fmt: skip
+    members = [e.job_id for e in claimed]
+    assert len(members) == 3
+    result = reminders_deliver({"topic": REMINDER_TOPIC, "slot": 0, "members": members})
+    assert result["delivered"] == 3
+    assert Notification.objects.count() == 3
+    assert queue.stats(REMINDER_TOPIC, [0], now_ms=queue.epoch_ms())[0].prepare == 0

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -20,18 +21,16 @@ NOW = 1_750_000_000_000  # a fixed "now" in ms; scripts take time as an argument
 
 
 def _free_port() -> int:
-    """A port that is free along with its cluster bus port (+10000)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 10000 > 65535:
+    """A port that is free along with its cluster bus port (+10000), both below Linux's ephemeral
+    range (32768 up), so an outgoing connection cannot take one between the check and the start."""
+    for _ in range(200):
+        port = random.randrange(10_000, 22_000)
+        try:
+            for candidate in (port, port + 10_000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", candidate))
+        except OSError:
             continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
         return port
     raise RuntimeError("no free port pair")
 
@@ -55,20 +54,20 @@ def redis_cluster():
     if not server or not cli:
         pytest.skip("redis-server / redis-cli not on PATH: cannot start a Redis Cluster")
     tmp = Path(tempfile.mkdtemp(prefix="cc-cluster-"))
-    ports = [_free_port() for _ in range(3)]
-    procs = []
+    procs: list[subprocess.Popen] = []
     try:
-        for port in ports:
-            node_dir = tmp / str(port)
-            node_dir.mkdir()
-            procs.append(subprocess.Popen(
-                [server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                 "--cluster-config-file", "nodes.conf", "--dir", str(node_dir), "--save", "",
-                 "--appendonly", "no", "--protected-mode", "no"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ))  # fmt: skip
-        for port in ports:
-            _wait(lambda p=port: _ping(cli, p), 10, f"redis-server on {port}")
+        for attempt in range(3):  # another suite on the machine may grab a port we picked
+            ports = [_free_port() for _ in range(3)]
+            procs = [_node(server, tmp / f"{attempt}-{port}", port) for port in ports]
+            try:
+                for port, proc in zip(ports, procs, strict=True):
+                    _wait(lambda p=port, n=proc: n.poll() is None and _ping(cli, p), 10,
+                          f"redis-server on {port}")  # fmt: skip
+                break
+            except RuntimeError:
+                _stop(procs)
+                if attempt == 2:
+                    raise
         subprocess.run(
             [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
              "--cluster-replicas", "0", "--cluster-yes"],
@@ -81,14 +80,28 @@ def redis_cluster():
         yield client
         client.close()
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop(procs)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _node(server: str, node_dir: Path, port: int) -> subprocess.Popen:
+    node_dir.mkdir()
+    return subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+         "--cluster-config-file", "nodes.conf", "--dir", str(node_dir), "--save", "",
+         "--appendonly", "no", "--protected-mode", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _ping(cli: str, port: int) -> bool:

@@ -59,6 +59,7 @@ def reminder_topics() -> list[Topic]:
             batch_size=live.batch_size,
             backoff_base_ms=live.backoff_ms,
             needs_due=False,  # due times come from the database rows at delivery
+            isolate_suspects=False,  # entries are handed on; delivery runs in Celery
         )
         for name, priority in ((REMINDER_TOPIC_HIGH, 1), (REMINDER_TOPIC, 0))
     ]

@@ -245,7 +245,9 @@ class Dispatcher:
         try:
             entries = queue.claim(topic.name, slot, now_ms=self.clock(), limit=ts.batch_size,
                                   visibility_ms=ts.visibility_ms, lease_token=token,
-                                  with_due=topic.needs_due, client=self.client)  # fmt: skip
+                                  with_due=topic.needs_due,
+                                  isolate_suspects=topic.isolate_suspects,
+                                  client=self.client)  # fmt: skip
             if entries:
                 report.claimed += len(entries)
                 self._settle(topic, ts, slot, token, entries, report)
@@ -254,7 +256,8 @@ class Dispatcher:
             self.leases.drop(topic.name, slot)
             report.lease_lost += 1
             return False
-        return len(entries) >= ts.batch_size
+        # A suspect comes alone (see Topic.isolate_suspects); more may be due behind it.
+        return len(entries) >= ts.batch_size or (len(entries) == 1 and entries[0].suspect)
 
     def _settle(self, topic, ts, slot, token, entries: list[Claimed], report: TickReport) -> None:
         results = self._handle(topic, entries, slot)

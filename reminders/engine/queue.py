@@ -133,16 +133,19 @@ def claim(
     visibility_ms: int,
     lease_token: str,
     with_due: bool = True,
+    isolate_suspects: bool = False,
     client: Client | None = None,
 ) -> list[Claimed]:
     """Move up to ``limit`` due jobs to prepare, oldest first. Raises LeaseLost.
 
     ``with_due=False`` skips reading the due times (``due_ms`` is 0), which makes the claim
     markedly cheaper for handlers that re-read the job from the database anyway.
+    ``isolate_suspects``: a job the reaper brought back (its handler never answered) is claimed
+    alone, and a batch stops before one (see ``claim_due.lua``).
     """
     return scripts.claim_due(_c(client), slot_keys(topic, slot), token=lease_token,
                              now_ms=now_ms, limit=limit, visibility_ms=visibility_ms,
-                             with_due=with_due)  # fmt: skip
+                             with_due=with_due, isolate_suspects=isolate_suspects)  # fmt: skip
 
 
 def ack(

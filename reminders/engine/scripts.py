@@ -45,6 +45,9 @@ class Claimed(NamedTuple):
     job_id: str
     due_ms: int
     attempt: int
+    # Claimed alone because the reaper brought it back (its handler never answered): a handler
+    # that hands entries on should hand this one on alone too.
+    suspect: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,9 +191,13 @@ def claim_due(
     limit: int,
     visibility_ms: int,
     with_due: bool = True,
+    isolate_suspects: bool = False,
 ) -> list[Claimed]:
-    """Claimed entries, oldest due first; ``due_ms`` is 0 unless ``with_due``. Raises LeaseLost."""
-    args = (token, now_ms, limit, visibility_ms, 1 if with_due else 0)
+    """Claimed entries, oldest due first; ``due_ms`` is 0 unless ``with_due``. Raises LeaseLost.
+
+    ``isolate_suspects``: an entry the reaper brought back is claimed alone (``suspect=True``)
+    and a batch stops before one, so a job that kills its handler dies alone."""
+    args = (token, now_ms, limit, visibility_ms, int(with_due), int(isolate_suspects))
     raw = CLAIM_DUE(client, (k.store, k.prepare, k.meta, k.lease), args)
     if raw[0] == LEASE_LOST:
         raise LeaseLost(k)
@@ -206,6 +213,8 @@ def claim_due(
     attempts = [1] * n
     for index, attempt in zip(raw[rest::2], raw[rest + 1 :: 2], strict=True):
         attempts[index - 1] = attempt
+    if raw[0] == 1:  # a suspect, claimed alone
+        return [Claimed(ids[0], dues[0], attempts[0], True)]
     return list(map(Claimed, ids, dues, attempts))
 
 

@@ -95,6 +95,11 @@ class Topic:
     # publish them together here, so a steady trickle over many slots is one delivery task per
     # round, not one per slot.
     flush: Callable[[], None] | None = None
+    # A job the reaper brought back (its handler never answered: the worker died or hung) is
+    # claimed and handled alone, so a poison pill does not take its batch-mates down with it
+    # again. Off for a handler that only hands entries on (there is no crash to isolate in the
+    # dispatcher, and a mass reap after an outage should drain at batch speed).
+    isolate_suspects: bool = True
 
     def __post_init__(self) -> None:
         if not TOPIC_NAME.match(self.name):

@@ -4,7 +4,9 @@ The worker is restarted after each death. Each death leaves the pill in flight; 
 it back after its visibility timeout and counts the attempt, so after ``max_attempts`` deaths the
 pill is in the dead queue, its ``TimeoutJob`` row DEAD (the engine's ``on_dead`` hook) and an
 alert raised. Jobs in the other slots, and in another topic, run once each, on their first
-delivery.
+delivery. The pill's batch-mates (its slot, due with it) come back with it after the first death
+as suspects; each is then claimed alone, so they run once, on their second delivery, and the pill
+dies alone from then on.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ def test_poison_pill_ends_dead_after_the_attempt_limit_and_spares_the_others(
     pill = timeout_job_create(topic=PILL_TOPIC, biz_type="chaos", biz_id="pill",
                               action_time=now, attribute={"poison": True})  # fmt: skip
     pill_slot = slot_for("pill", SLOTS)
+    mates = [
+        # Due 1 ms after the pill: claimed in its batch, behind it.
+        timeout_job_create(topic=PILL_TOPIC, biz_type="chaos", biz_id=b,
+                           action_time=now + timedelta(milliseconds=1))
+        for b in _biz_ids(pill_slot, inside=True, count=5)
+    ]  # fmt: skip
     # Due now and over the next seconds while the pill keeps killing workers: other slots of
     # the pill's topic, and another topic.
     others = [
@@ -91,6 +99,10 @@ def test_poison_pill_ends_dead_after_the_attempt_limit_and_spares_the_others(
     rows = TimeoutJob.objects.filter(pk__in=[j.pk for j in others])
     assert set(rows.values_list("attempts", flat=True)) == {1}
     assert worker.alive()
+    # The batch-mates: in the batch the pill killed, then each alone, on attempt 2; processed,
+    # none dead with the pill.
+    mate_rows = TimeoutJob.objects.filter(pk__in=[j.pk for j in mates])
+    assert list(mate_rows.values_list("status", "attempts").distinct()) == [(Status.PROCESSED, 2)]
     for topic in (PILL_TOPIC, OTHER_TOPIC):
         stats = queue.stats(topic, range(SLOTS), now_ms=0)
         assert sum(s.store + s.prepare for s in stats) == 0

@@ -6,7 +6,8 @@ ARGV[4] backoff base ms   ARGV[5] backoff cap ms   ARGV[6..] job_id, error pairs
 Returns: {-1} when the lease no longer holds our token (nothing moved);
          {0, retried, dead, missing} otherwise (missing = not in prepare any more, e.g. reaped).
 The attempt count is read from the prepare score (deadline * 1000 + attempt); it is kept in meta so
-the next claim counts on from it. Backoff = min(cap, base * 2^(attempt - 1)).
+the next claim counts on from it. Backoff = min(cap, base * 2^(attempt - 1)). A nacked job was
+answered for, so it is no longer a suspect (see claim_due).
 ]]
 -- @include common
 
@@ -24,6 +25,7 @@ for i = 6, #ARGV, 2 do
     local attempt = tonumber(score) % 1000
     redis.call('ZREM', KEYS[1], id)
     redis.call('HSET', KEYS[4], 'a:' .. id, attempt, 'e:' .. id, err)
+    redis.call('HDEL', KEYS[4], 's:' .. id)
     if attempt >= max_attempts then
       redis.call('ZADD', KEYS[3], fmt(now), id)
       dead = dead + 1

@@ -4,6 +4,7 @@ now, or to dead once attempts reach the maximum.
 KEYS[1] prepare   KEYS[2] store   KEYS[3] dead   KEYS[4] meta
 ARGV[1] now_ms   ARGV[2] limit   ARGV[3] max_attempts   ARGV[4] error text recorded for them
 Returns: {retried, dead, id of each job that went dead...}.
+A job sent back to store is marked a suspect ('s:<id>' in meta): the next claim takes it alone.
 Deadline < now  <=>  score = deadline * 1000 + attempt < now * 1000, since attempt < 1000.
 ]]
 -- @include common
@@ -26,6 +27,7 @@ for i = 1, n do
     dead_ids[dead] = id
   else
     redis.call('ZADD', KEYS[2], fmt(now), id)
+    redis.call('HSET', KEYS[4], 's:' .. id, 1)
     retried = retried + 1
   end
 end

@@ -1,5 +1,6 @@
 """The dispatch loop: handler outcomes, batching, pause, several workers, lease loss, waking."""
 
+import contextlib
 import threading
 import time
 
@@ -263,3 +264,33 @@ def test_flush_runs_even_when_the_round_is_cut_short(redis_client):
     with pytest.raises(KeyboardInterrupt):
         Dispatcher([topic], client=redis_client).run_once()
     assert flushed == [1]
+
+
+def test_a_poison_pill_dies_alone_and_its_batch_mates_are_delivered(redis_client):
+    """A job whose handler kills the worker every time: after the first crash its batch-mates
+    are each handled alone and delivered; only the pill goes dead at the attempt limit."""
+    jobs = load(redis_client, 6, slots=1)
+    delivered = []
+
+    class WorkerDied(BaseException):  # not an Exception: the dispatcher's guard lets it through
+        pass
+
+    def handler(entries):
+        for entry in entries:
+            if entry.job_id == "j2":
+                raise WorkerDied
+        delivered.extend(e.job_id for e in entries)
+        return [OK] * len(entries)
+
+    clock = [wall_ms()]
+    topic = Topic(T, handler, slots=1, max_attempts=3, visibility_ms=1000)
+    for _ in range(12):
+        worker = Dispatcher([topic], client=redis_client, clock=lambda: clock[0])
+        with contextlib.suppress(WorkerDied):  # the worker "died", its claimed entries left behind
+            worker.run_until_idle()
+        worker.leases.release_all()
+        leases.release_singleton("reaper", worker.worker_id, client=redis_client)
+        clock[0] += 6000  # past the visibility deadline and the dead worker's heartbeat
+    assert sorted(delivered) == sorted(j for j in jobs if j != "j2")
+    assert [d.job_id for d in queue.list_dead(T, 0, client=redis_client)] == ["j2"]
+    assert totals(redis_client, 1) == {"store": 0, "prepare": 0, "dead": 1}

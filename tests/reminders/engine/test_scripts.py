@@ -125,11 +125,60 @@ def test_reap_moves_only_expired_entries(client, k, space, lease, now):
     assert scripts.reap(client, k, now_ms=now + 1000, limit=10, max_attempts=3).retried == 0
     assert scripts.reap(client, k, now_ms=now + 1001, limit=10, max_attempts=3).retried == 1
     assert space(T).store == {"old": now + 1001} and set(space(T).prepare) == {"young"}
-    assert space(T).meta == {"a:old": "1", "e:old": "visibility timeout"}
+    assert space(T).meta == {"a:old": "1", "e:old": "visibility timeout", "s:old": "1"}
     (again,) = scripts.claim_due(
         client, k, token=token, now_ms=now + 1001, limit=5, visibility_ms=1
     )
     assert again.attempt == 2
+
+
+def _crash(client, k, token, now, ids):
+    """Claim ``ids`` and let their visibility run out unanswered: the reaper brings them back."""
+    got = scripts.claim_due(client, k, token=token, now_ms=now, limit=len(ids), visibility_ms=10)
+    assert [c.job_id for c in got] == ids
+    assert scripts.reap(client, k, now_ms=now + 11, limit=100, max_attempts=5).retried == len(ids)
+
+
+def test_reaped_suspects_are_claimed_alone_and_a_batch_stops_before_one(
+    client, k, space, lease, now
+):
+    token = lease(T)
+    scripts.enqueue(client, k, [(now, "s1"), (now, "s2")])
+    _crash(client, k, token, now, ["s1", "s2"])  # both back in store at now + 11
+    scripts.enqueue(client, k, [(now - 5, "a"), (now - 4, "b"), (now + 20, "c"), (now + 21, "d")])
+    claim = lambda: scripts.claim_due(client, k, token=token, now_ms=now + 30, limit=10,  # noqa: E731
+                                      visibility_ms=VIS, isolate_suspects=True)  # fmt: skip
+    assert claim() == [Claimed("a", now - 5, 1), Claimed("b", now - 4, 1)]
+    assert claim() == [Claimed("s1", now + 11, 2, True)]
+    assert claim() == [Claimed("s2", now + 11, 2, True)]
+    assert claim() == [Claimed("c", now + 20, 1), Claimed("d", now + 21, 1)]
+    assert claim() == []
+    # Answered for (acked), a suspect is forgotten.
+    assert scripts.ack(client, k, token=token, job_ids=["s1", "s2"]) == 2
+    assert space(T).meta == {}
+
+
+def test_suspects_flow_with_the_rest_unless_isolated(client, k, lease, now):
+    token = lease(T)
+    scripts.enqueue(client, k, [(now, "s1"), (now, "s2")])
+    _crash(client, k, token, now, ["s1", "s2"])
+    got = scripts.claim_due(client, k, token=token, now_ms=now + 30, limit=10, visibility_ms=VIS)
+    assert [(c.job_id, c.attempt, c.suspect) for c in got] == [("s1", 2, False), ("s2", 2, False)]
+
+
+def test_a_nacked_suspect_is_no_longer_isolated(client, k, space, lease, now):
+    token = lease(T)
+    scripts.enqueue(client, k, [(now, "s"), (now + 20, "t")])
+    _crash(client, k, token, now, ["s"])
+    (alone,) = scripts.claim_due(client, k, token=token, now_ms=now + 30, limit=10,
+                                 visibility_ms=VIS, isolate_suspects=True)  # fmt: skip
+    assert alone.suspect
+    scripts.nack(client, k, token=token, now_ms=now + 30, failures=[("s", "handler said no")],
+                 max_attempts=5, backoff_base_ms=0, backoff_cap_ms=0)  # fmt: skip
+    assert "s:s" not in space(T).meta
+    got = scripts.claim_due(client, k, token=token, now_ms=now + 40, limit=10, visibility_ms=VIS,
+                            isolate_suspects=True)  # fmt: skip
+    assert [(c.job_id, c.attempt, c.suspect) for c in got] == [("t", 1, False), ("s", 3, False)]
 
 
 def test_reap_is_bounded_and_buries_at_max_attempts(client, k, space, lease, now):

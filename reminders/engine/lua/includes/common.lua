@@ -22,22 +22,30 @@ local function fence_ok(lease_key, token)
   return token ~= '' and redis.call('GET', lease_key) == token
 end
 
--- Attempts recorded in the meta hash for `ids` (0 when none); one HMGET per chunk, none at all
--- when the slot has no meta (the common case: nothing has failed).
+-- Attempts recorded in the meta hash for `ids` (0 when none), and which of them are suspects
+-- (the reaper brought them back: their handler never answered, so it may be what killed its
+-- worker). One HMGET per chunk, none at all when the slot has no meta (the common case).
 local function attempts_of(meta_key, ids)
-  local out = {}
+  local out, suspect = {}, {}
   if redis.call('EXISTS', meta_key) == 0 then
     for i = 1, #ids do out[i] = 0 end
-    return out
+    return out, suspect
   end
-  for i = 1, #ids, 4000 do
+  for i = 1, #ids, 2000 do
     local fields = {}
-    local last = math.min(i + 3999, #ids)
-    for j = i, last do fields[#fields + 1] = 'a:' .. ids[j] end
+    local last = math.min(i + 1999, #ids)
+    for j = i, last do
+      fields[#fields + 1] = 'a:' .. ids[j]
+      fields[#fields + 1] = 's:' .. ids[j]
+    end
     local got = redis.call('HMGET', meta_key, unpack(fields))
-    for j = i, last do out[j] = tonumber(got[j - i + 1]) or 0 end
+    for j = i, last do
+      local at = 2 * (j - i) + 1
+      out[j] = tonumber(got[at]) or 0
+      if got[at + 1] then suspect[j] = true end
+    end
   end
-  return out
+  return out, suspect
 end
 
 local function forget(meta_key, ids)
@@ -46,6 +54,7 @@ local function forget(meta_key, ids)
   for i = 1, #ids do
     fields[#fields + 1] = 'a:' .. ids[i]
     fields[#fields + 1] = 'e:' .. ids[i]
+    fields[#fields + 1] = 's:' .. ids[i]
   end
   chunked('HDEL', meta_key, fields)
 end

@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from reminders import console
+from reminders import console, dead_letters
 from reminders.models import DeadLetter
 from reminders.services import deadletters
 
@@ -50,7 +50,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     def change_view(self, request: HttpRequest, object_id, form_url="", extra_context=None):
         try:
-            topic, slot, job_id = console.parse_dead_letter_key(object_id)
+            topic, slot, job_id = dead_letters.parse_dead_letter_key(object_id)
         except ValueError:
             topic, slot, job_id = "", "", object_id
         url = reverse("admin:reminders_deadletter_changelist")
@@ -74,11 +74,11 @@ class DeadLetterAdmin(admin.ModelAdmin):
         f = _filters(request.GET)
         page_no = request.GET.get("p", "")
         page_no = min(int(page_no), 10_000) if page_no.isdigit() else 0
-        page = console.dead_letter_list(
+        page = dead_letters.dead_letter_list(
             topic=f["topic"], slot=f["slot"], search=f["q"], offset=page_no * PAGE_SIZE,
             limit=PAGE_SIZE,
         )  # fmt: skip
-        counts = console.dead_counts()
+        counts = dead_letters.dead_counts()
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -132,10 +132,10 @@ class DeadLetterAdmin(admin.ModelAdmin):
             return HttpResponseRedirect(back)
         if action == "requeue_matching":
             letters = []
-            count = min(console.dead_matching_count(topic=f["topic"], slot=f["slot"]),
+            count = min(dead_letters.dead_matching_count(topic=f["topic"], slot=f["slot"]),
                         deadletters.REQUEUE_CAP)  # fmt: skip
         else:
-            letters = console.dead_letters_get(request.POST.getlist("_selected_action"))
+            letters = dead_letters.dead_letters_get(request.POST.getlist("_selected_action"))
             count = len(letters)
         if count == 0:
             self.message_user(request, "No dead letters selected (or none left).", messages.WARNING)
@@ -166,7 +166,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
         if action == "requeue_matching":
             result = deadletters.dead_letters_requeue_matching(topic=f["topic"], slot=f["slot"])
             where = f"{f['topic']} slot {'*' if f['slot'] is None else f['slot']}"
-            summary = DeadLetter(key=console.dead_letter_key(f["topic"], f["slot"] or 0, "*"),
+            summary = DeadLetter(key=dead_letters.dead_letter_key(f["topic"], f["slot"] or 0, "*"),
                                  topic=f["topic"], slot=f["slot"] or 0, job_id="*")  # fmt: skip
             message = (
                 f"Requeued {result.requeued} dead letters matching {where} "

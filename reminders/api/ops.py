@@ -18,7 +18,7 @@ from couponcenter.api.permissions import IsStaff
 from expiry import selectors as expiry_selectors
 from expiry import services as expiry_services
 from expiry.models import ExpirySettings
-from reminders import console, services
+from reminders import console, dead_letters, services
 from reminders.models import ReminderSettings
 from reminders.selectors import reminder_settings_get
 from reminders.services import deadletters
@@ -161,7 +161,7 @@ class DeadLetterListApi(APIView):
     def get(self, request: Request) -> Response:
         f = self.FilterSerializer(data=request.query_params)
         f.is_valid(raise_exception=True)
-        page = console.dead_letter_list(
+        page = dead_letters.dead_letter_list(
             topic=f.validated_data.get("topic"),
             slot=f.validated_data.get("slot"),
             search=f.validated_data["q"],

@@ -11,7 +11,7 @@ from django.test import Client
 from django.urls import reverse
 
 from expiry.models import ExpirySettings
-from reminders import console, metrics
+from reminders import console, dead_letters, metrics
 from reminders.engine import leases
 from reminders.models import ReminderSettings, ReminderSubscription, TimeoutJob
 from reminders.services import deadletters
@@ -74,7 +74,7 @@ def test_non_staff_and_anonymous_get_no_console_page(client, path, reminder_sett
 
 def test_non_staff_cannot_post_dead_letter_actions(client, dead):
     client.force_login(UserFactory(is_staff=False))
-    keys = [console.dead_letter_key(REMINDER_TOPIC, s.slot, member(s)) for s in dead]
+    keys = [dead_letters.dead_letter_key(REMINDER_TOPIC, s.slot, member(s)) for s in dead]
     response = client.post("/admin/reminders/deadletter/",
                            {"action": "purge_selected", "confirm": "yes",
                             "_selected_action": keys})  # fmt: skip
@@ -84,7 +84,7 @@ def test_non_staff_cannot_post_dead_letter_actions(client, dead):
 
 def test_staff_without_permissions_cannot_act_on_dead_letters(client, dead):
     client.force_login(UserFactory(is_staff=True))
-    keys = [console.dead_letter_key(REMINDER_TOPIC, s.slot, member(s)) for s in dead]
+    keys = [dead_letters.dead_letter_key(REMINDER_TOPIC, s.slot, member(s)) for s in dead]
     response = client.post("/admin/reminders/deadletter/",
                            {"action": "purge_selected", "confirm": "yes",
                             "_selected_action": keys})  # fmt: skip
@@ -131,18 +131,19 @@ def test_workers_report_config_version_seen(reminder_settings):
 
 
 def test_dead_letter_list_filters_and_search(dead, overdue):
-    page = console.dead_letter_list()
+    page = dead_letters.dead_letter_list()
     assert page.total == 5 and {d.job_id for d in page.letters} == {member(s) for s in dead}
     one = dead[0]
     assert {d.last_error for d in page.letters} == {"gateway said 503"}
-    by_slot = console.dead_letter_list(topic=REMINDER_TOPIC, slot=one.slot)
+    by_slot = dead_letters.dead_letter_list(topic=REMINDER_TOPIC, slot=one.slot)
     assert {d.slot for d in by_slot.letters} == {one.slot}
-    assert [d.job_id for d in console.dead_letter_list(search=str(one.pk)).letters] == [member(one)]
-    assert [d.user_id for d in console.dead_letter_list(search=str(one.user_id)).letters] == [
+    found = dead_letters.dead_letter_list(search=str(one.pk)).letters
+    assert [d.job_id for d in found] == [member(one)]
+    assert [d.user_id for d in dead_letters.dead_letter_list(search=str(one.user_id)).letters] == [
         one.user_id
     ]
-    assert console.dead_letter_list(search=str(overdue[-1].user_id)).letters == []  # not dead
-    assert console.dead_letter_list(search="nonsense").letters == []
+    assert dead_letters.dead_letter_list(search=str(overdue[-1].user_id)).letters == []  # not dead
+    assert dead_letters.dead_letter_list(search="nonsense").letters == []
 
 
 # --- services ----------------------------------------------------------------------------------
@@ -171,7 +172,7 @@ def test_requeue_timeout_job_resets_status_and_attempts(
     assert result.requeued == 1
     job.refresh_from_db()
     assert (job.status, job.attempts) == (TimeoutJob.Status.PENDING, 0)
-    assert console.dead_matching_count(topic=topic) == 0
+    assert dead_letters.dead_matching_count(topic=topic) == 0
 
 
 def test_requeue_matching_is_capped(dead, django_capture_on_commit_callbacks, monkeypatch):
@@ -219,7 +220,7 @@ def test_dead_letter_list_page_and_filters(staff, dead):
 def test_requeue_selected_confirms_then_requeues_and_logs(
     staff, dead, django_capture_on_commit_callbacks
 ):
-    keys = [console.dead_letter_key(REMINDER_TOPIC, s.slot, member(s)) for s in dead[:2]]
+    keys = [dead_letters.dead_letter_key(REMINDER_TOPIC, s.slot, member(s)) for s in dead[:2]]
     url = "/admin/reminders/deadletter/"
     confirm = staff.post(url, {"action": "requeue_selected", "_selected_action": keys})
     assert confirm.status_code == 200
@@ -242,7 +243,7 @@ def test_requeue_selected_confirms_then_requeues_and_logs(
 
 
 def test_purge_selected_confirms_then_purges_and_logs(staff, dead):
-    keys = [console.dead_letter_key(REMINDER_TOPIC, dead[0].slot, member(dead[0]))]
+    keys = [dead_letters.dead_letter_key(REMINDER_TOPIC, dead[0].slot, member(dead[0]))]
     url = "/admin/reminders/deadletter/"
     confirm = staff.post(url, {"action": "purge_selected", "_selected_action": keys})
     assert 'will touch <strong id="dl-confirm-count">1<' in confirm.content.decode()

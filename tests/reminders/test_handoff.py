@@ -79,6 +79,7 @@ def _in_flight(slots: int = 16) -> tuple[int, int]:
 
 def test_one_round_over_many_slots_is_one_task_settled_per_slot(reminder_settings, delivery_queue):
     name, client = delivery_queue
+    reminder_settings.change(slots=16)
     _, subs = _subscribers(40)
     assert len({s.slot for s in subs}) > 4  # spread over many slots
     worker = build_worker([REMINDER_TOPIC])

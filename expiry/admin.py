@@ -20,7 +20,7 @@ class ExpiryTaskAdmin(admin.ModelAdmin):
     ordering = ("-id",)
     paginator = EstimatedCountPaginator
     raw_id_fields = ("user_coupon",)
-    # Exact match, so the search uses the (user_id, status) index instead of a LIKE scan.
+    # Exact match, so the search uses the (user_id) index instead of a LIKE scan.
     search_fields = ("=user_coupon__user_id",)
     search_help_text = "Exact end-user id."
     # A COUNT(*) over the whole table on every page would take seconds at this size.

@@ -5,18 +5,24 @@ processes at once (``services.expiry_sweep_due``, the code path of ``run_expiry_
 nothing is due, checks that every coupon was expired exactly once, then reloads the same rows and
 times a bare SQL update loop over them with K processes: the machine's raw limit for this work.
 
+On PostgreSQL each timed phase starts right after a ``CHECKPOINT``, so both pay the same full-page
+images for every page they touch first (as a nightly sweep over rows claimed long before does),
+and neither inherits the other's, or the load's, checkpoint half done. The WAL each phase wrote
+is reported beside its time: that volume, not the SQL, is what bounds this work.
+
 Real data is never touched: bench rows fall due in 2000 (``BENCH_NOW``), and the sweepers run with
 that ``now``, so they claim bench tasks only; every bench row is deleted afterwards, in batches.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Count, Max, Min
 from tqdm import tqdm
 
@@ -43,6 +49,8 @@ class BenchReport:
     load_seconds: float
     batches: int
     vendor: str
+    wal_bytes: int | None = None
+    raw_sql_wal_bytes: int | None = None
 
     def as_dict(self) -> dict:
         per_s = self.count / self.seconds if self.seconds else 0.0
@@ -59,7 +67,13 @@ class BenchReport:
             "load_seconds": round(self.load_seconds, 3),
             "batches": self.batches,
             "database": self.vendor,
+            "wal_mb": _mb(self.wal_bytes),
+            "raw_sql_wal_mb": _mb(self.raw_sql_wal_bytes),
         }
+
+
+def _mb(n: int | None) -> float | None:
+    return None if n is None else round(n / 2**20, 1)
 
 
 def run_bench(*, count: int, workers: int, batch_size: int, progress: bool = True) -> BenchReport:
@@ -69,17 +83,50 @@ def run_bench(*, count: int, workers: int, batch_size: int, progress: bool = Tru
         started = time.perf_counter()
         bench_data_load(coupon=coupon, count=count, progress=progress)
         load_seconds = time.perf_counter() - started
+        wal_start = _checkpoint()
         seconds, batches = _timed_sweepers(workers=workers, batch_size=batch_size, count=count)
+        wal = _wal_since(wal_start)
         _check_all_expired_once(coupon=coupon, count=count)
         bench_data_delete(progress=progress)
         coupon = _bench_coupon(count)
         bench_data_load(coupon=coupon, count=count, progress=progress)
+        wal_start = _checkpoint()
         raw_seconds = _timed_raw_loop(coupon=coupon, workers=workers, batch_size=batch_size)
+        raw_wal = _wal_since(wal_start)
     finally:
         bench_data_delete(progress=progress)
     return BenchReport(
-        count, workers, batch_size, seconds, raw_seconds, load_seconds, batches, connection.vendor
+        count,
+        workers,
+        batch_size,
+        seconds,
+        raw_seconds,
+        load_seconds,
+        batches,
+        connection.vendor,
+        wal_bytes=wal,
+        raw_sql_wal_bytes=raw_wal,
     )
+
+
+def _checkpoint() -> str | None:
+    """PostgreSQL: flush everything the load dirtied; return the WAL position to count from."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        # CHECKPOINT needs superuser or pg_checkpoint; without them the bench still runs.
+        with contextlib.suppress(DatabaseError):
+            cursor.execute("CHECKPOINT")
+        cursor.execute("SELECT pg_current_wal_lsn()")
+        return cursor.fetchone()[0]
+
+
+def _wal_since(lsn: str | None) -> int | None:
+    if lsn is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", [lsn])
+        return int(cursor.fetchone()[0])
 
 
 # --- data ----------------------------------------------------------------------------------------

@@ -1,7 +1,12 @@
 """The expiry-task table (article 003): one small row per claimed coupon, swept in batches.
 
 The sweeper never scans ``couponcenter_usercoupon``; it reads due pending rows of this table through
-the (expire_at, status) index (and, on PostgreSQL, a partial index over pending rows only).
+the partial index over pending rows, ``expirytask_pending_due``. Article 003's composite
+``(expire_at, status)`` cannot replace it: it leads with ``expire_at``, so a sweep through it would
+step over every processed task still kept for the retention (days of them) before reaching a
+pending one. Marking a task processed writes no entry into the pending index (the new row is not
+pending) and one into each of the others: the composite, ``expirytask_processed_age`` (the
+cleanup's), the primary key and the ``user_coupon`` unique key.
 """
 
 from datetime import timedelta

@@ -15,6 +15,12 @@ Invariants:
   one of them wins, and a coupon is never both used and expired.
 - No OFFSET anywhere: each batch re-reads the head of the index, and a pass stops on a short batch.
 - Timing and logging happen outside the transactions.
+
+Cost (BENCHMARKS.md): per coupon, two row locks, the user-coupon update (a HOT update: no index
+of ``couponcenter_usercoupon`` contains ``status`` and its pages keep half their room free) and
+the task update (not HOT: ``expirytask_due`` contains ``status``; four index entries). The WAL
+those write, full-page images mostly, is the limit; the bare SQL loop of the bench writes the
+same, minus the locks.
 """
 
 from __future__ import annotations

@@ -84,6 +84,10 @@ def test_bench_expires_its_own_rows_reports_json_and_cleans_up():
     assert report["count"] == 300 and report["workers"] == 2 and report["batch_size"] == 40
     assert report["per_s"] > 0 and report["raw_sql_per_s"] > 0 and report["seconds"] > 0
     assert report["database"] in {"sqlite", "postgresql"}
+    if report["database"] == "postgresql":  # each timed phase reports the WAL it wrote
+        assert report["wal_mb"] >= 0 and report["raw_sql_wal_mb"] >= 0
+    else:
+        assert report["wal_mb"] is None and report["raw_sql_wal_mb"] is None
     # The bench never touches real rows, even due ones, and leaves none of its own.
     real.refresh_from_db()
     assert real.status == "pending" and real.user_coupon.status == "unused"

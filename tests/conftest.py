@@ -69,3 +69,18 @@ def on_postgres():
 
 
 __all__ = ["delete_keys", "settings"]
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test databases, plus one chore at the end: the live server's request
+    threads keep persistent connections (``CONN_MAX_AGE``) that nothing closes, and PostgreSQL
+    refuses to drop a database with sessions on it. End them before the drop."""
+    yield
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )

@@ -11,7 +11,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from couponcenter import services
+from couponcenter import selectors, services
 from couponcenter.models import Account, Coupon, UserCoupon
 
 
@@ -53,6 +53,14 @@ class CouponAdmin(admin.ModelAdmin):
     @admin.display(description="remaining")
     def remaining(self, coupon: Coupon) -> int:
         return coupon.remaining_stock
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None):
+        # The change page (and its form's stock check) shows the exact count of claims, not the
+        # column, which may lag a running sale by a moment (couponcenter.stock).
+        coupon = super().get_object(request, object_id, from_field)
+        if coupon is not None:
+            coupon.claimed_count = selectors.coupon_claims_count(coupon=coupon)
+        return coupon
 
     def get_readonly_fields(self, request: HttpRequest, obj: Coupon | None = None) -> list[str]:
         if obj is not None and obj.status == Coupon.Status.CANCELLED:
@@ -123,7 +131,7 @@ class AccountAdmin(admin.ModelAdmin):
 # --- Operations console additions (issue 5) -------------------------------------------------------
 # Counts that stay fast on tens of millions of rows: the list shows only ``claimed_count`` (a
 # column); subscribed / redeemed / expired are counted on the change page alone, over the
-# (coupon, status) indexes. Moving the opening time goes through ``services.coupon_update``,
+# (coupon, ...) indexes. Moving the opening time goes through ``services.coupon_update``,
 # which moves the coupon's reminders too.
 
 

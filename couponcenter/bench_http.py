@@ -37,7 +37,7 @@ from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
-from couponcenter import services
+from couponcenter import selectors, services
 from couponcenter.models import Coupon, UserCoupon
 from expiry.models import ExpiryTask
 
@@ -349,14 +349,17 @@ def audit(*, coupon_id: int) -> dict:
         .filter(n__gt=1)
         .count()
     )
+    shard_claims = selectors.coupon_claims_count(coupon=coupon)
     return {
         "stock": coupon.total_stock,
         "claimed_count": coupon.claimed_count,
+        "shard_claims": shard_claims,
         "user_coupon_rows": rows,
         "expiry_tasks": tasks,
         "users_holding_two": doubles,
         "oversell": not (
-            coupon.claimed_count == rows == tasks <= coupon.total_stock and not doubles
+            coupon.claimed_count == shard_claims == rows == tasks <= coupon.total_stock
+            and not doubles
         ),
     }
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, Q, QuerySet, Sum
 from django.utils import timezone
 
-from .models import Account, Coupon, UserCoupon
+from .models import Account, Coupon, CouponStockShard, UserCoupon
 
 
 def account_end_user_id(*, user: AbstractBaseUser | AnonymousUser) -> int | None:
@@ -45,6 +45,16 @@ def coupon_list(
     elif claimable is False:
         qs = qs.exclude(open_now & Q(claimed_count__lt=F("total_stock")))
     return qs
+
+
+def coupon_claims_count(*, coupon: Coupon) -> int:
+    """The exact number of claims of ``coupon``, from its stock shards.
+
+    ``Coupon.claimed_count`` trails the shards by the claims committed but not folded yet (a
+    moment, ``couponcenter.stock``); a coupon not sharded yet has only the claims in that column.
+    """
+    total = CouponStockShard.objects.filter(coupon_id=coupon.pk).aggregate(n=Sum("claimed"))["n"]
+    return coupon.claimed_count if total is None else total
 
 
 def user_coupon_list(*, user_id: int, status: str | None = None) -> QuerySet[UserCoupon]:

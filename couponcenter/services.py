@@ -1,9 +1,10 @@
 """Writes of the coupon domain.
 
 Invariants (held by the database, not by luck):
-- ``Coupon.claimed_count <= total_stock``: a claim moves the counter with one conditional UPDATE
-  (``claimed_count < total_stock``), run last in the claim's transaction so the row lock is held
-  only until commit. A check constraint backs it up.
+- never more claims than ``total_stock``: a claim takes one unit from one of the coupon's stock
+  shards with a conditional UPDATE (``claimed < stock``; see ``couponcenter.stock`` for the
+  shards' own invariants and how ``Coupon.claimed_count`` follows them). A check constraint
+  backs it up. ``sold_out`` is only answered once no shard has stock left.
 - at most ``per_user_limit`` claims per (coupon, user): each claim takes the user's lowest free
   ``seq`` in ``1..per_user_limit`` and ``(coupon, user_id, seq)`` is unique, so two concurrent
   claims for the same seq cannot both commit (the loser re-reads and takes the next one).
@@ -15,6 +16,7 @@ Invariants (held by the database, not by luck):
 from __future__ import annotations
 
 import importlib
+import random
 from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,14 +24,15 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Permission
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import Count, F, Sum
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from expiry.models import ExpiryTask
 
+from . import stock
 from .errors import ClaimRefused, CouponStateError, RedeemRefused
-from .models import MAX_PER_USER_LIMIT, Account, Coupon, UserCoupon
+from .models import MAX_PER_USER_LIMIT, Account, Coupon, CouponStockShard, UserCoupon
 
 COUPON_FIELDS = frozenset(
     {
@@ -75,7 +78,9 @@ def coupon_create(
     if reminder_lead is not None:
         coupon.reminder_lead = reminder_lead
     coupon.full_clean(validate_constraints=False)
-    coupon.save()
+    with transaction.atomic():
+        coupon.save()
+        stock.stock_shards_create(coupon=coupon)
     return coupon
 
 
@@ -88,15 +93,20 @@ def coupon_update(*, coupon: Coupon, **fields: Any) -> Coupon:
     if unknown:
         raise TypeError(f"unknown coupon fields: {sorted(unknown)}")
     with transaction.atomic():
-        # The row lock keeps claimed_count still while total_stock is checked against it.
-        coupon = Coupon.objects.select_for_update().get(pk=coupon.pk)
+        # The coupon and shard row locks keep the claims still while total_stock is checked
+        # against them and the stock left is re-cut over the shards.
+        coupon = Coupon.objects.select_for_update(no_key=True).get(pk=coupon.pk)
         if coupon.status == Coupon.Status.CANCELLED:
             raise CouponStateError("cancelled", "A cancelled coupon cannot be changed.")
+        shards = stock.stock_lock(coupon=coupon)
         before = (coupon.claim_opens_at, coupon.reminder_lead)
+        stock_before = coupon.total_stock
         for name, value in fields.items():
             setattr(coupon, name, value)
         coupon.full_clean(validate_constraints=False)
-        coupon.save(update_fields=[*fields, "updated_at"])
+        coupon.save(update_fields=[*fields, "claimed_count", "updated_at"])
+        if coupon.total_stock != stock_before:
+            stock.stock_recut(coupon=coupon, shards=shards)
         if (coupon.claim_opens_at, coupon.reminder_lead) != before:
             _reminder_hook("subscriptions_reschedule_for_coupon", coupon=coupon)
     return coupon
@@ -105,12 +115,14 @@ def coupon_update(*, coupon: Coupon, **fields: Any) -> Coupon:
 def coupon_cancel(*, coupon: Coupon) -> Coupon:
     """Cancel a coupon: no more claims, and its pending reminders are cancelled. Idempotent."""
     with transaction.atomic():
-        updated = Coupon.objects.filter(pk=coupon.pk, status=Coupon.Status.ACTIVE).update(
-            status=Coupon.Status.CANCELLED, updated_at=timezone.now()
-        )
-        coupon.refresh_from_db()
-        if updated:
-            _reminder_hook("subscriptions_cancel_for_coupon", coupon=coupon)
+        # Closing the shards under their locks is what stops the claims in flight.
+        locked = Coupon.objects.select_for_update(no_key=True).get(pk=coupon.pk)
+        if locked.status == Coupon.Status.ACTIVE:
+            stock.stock_close(shards=stock.stock_lock(coupon=locked))
+            locked.status = Coupon.Status.CANCELLED
+            locked.save(update_fields=["status", "claimed_count", "updated_at"])
+            _reminder_hook("subscriptions_cancel_for_coupon", coupon=locked)
+    coupon.refresh_from_db()
     return coupon
 
 
@@ -132,7 +144,18 @@ def _reminder_hook(name: str, *, coupon: Coupon) -> None:
 
 
 def coupon_claim_refusal(*, coupon: Coupon, now: datetime) -> str | None:
-    """Why a claim of ``coupon`` at ``now`` would be refused (ignoring per-user limits)."""
+    """Why a claim of ``coupon`` at ``now`` would be refused (ignoring per-user limits).
+
+    ``sold_out`` is judged from ``claimed_count``, which may lag the claims by a moment
+    (``couponcenter.stock``); a claim itself decides on the shards.
+    """
+    refusal = _window_refusal(coupon=coupon, now=now)
+    if refusal is None and coupon.claimed_count >= coupon.total_stock:
+        return "sold_out"
+    return refusal
+
+
+def _window_refusal(*, coupon: Coupon, now: datetime) -> str | None:
     if coupon.status == Coupon.Status.CANCELLED:
         return "cancelled"
     if now < coupon.claim_opens_at:
@@ -141,8 +164,6 @@ def coupon_claim_refusal(*, coupon: Coupon, now: datetime) -> str | None:
         return "closed"
     if coupon.expires_at and now >= coupon.expires_at:
         return "closed"
-    if coupon.claimed_count >= coupon.total_stock:
-        return "sold_out"
     return None
 
 
@@ -152,6 +173,19 @@ def coupon_claim(*, coupon_id: int, user_id: int, now: datetime | None = None) -
     Raises ``Coupon.DoesNotExist`` for an unknown coupon.
     """
     now = now or timezone.now()
+    if connection.vendor != "postgresql":
+        return _claim(coupon_id=coupon_id, user_id=user_id, now=now)
+    if connection.in_atomic_block:
+        user_coupon = _claim(coupon_id=coupon_id, user_id=user_id, now=now)
+        stock.coupon_claimed_count_fold(coupon_id=coupon_id)
+        return user_coupon
+    with stock.claimed_count_folding(coupon_id=coupon_id) as outcome:
+        user_coupon = _claim(coupon_id=coupon_id, user_id=user_id, now=now)
+        outcome.committed = True
+    return user_coupon
+
+
+def _claim(*, coupon_id: int, user_id: int, now: datetime) -> UserCoupon:
     # Most claims are a user's first, so seq 1 is tried without reading the user's claims. An
     # IntegrityError means that seq is taken (by an earlier or a concurrent claim): the next try
     # reads the user's claims, and after per_user_limit of them the claim is refused.
@@ -167,74 +201,103 @@ def coupon_claim(*, coupon_id: int, user_id: int, now: datetime | None = None) -
 def _claim_once(*, coupon_id: int, user_id: int, seq: int, now: datetime) -> UserCoupon:
     if connection.vendor == "postgresql":
         return _claim_once_one_statement(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
+    return _claim_once_serialized(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
+
+
+def _claim_once_serialized(*, coupon_id: int, user_id: int, seq: int, now: datetime) -> UserCoupon:
+    """Other databases (SQLite): writers run one at a time anyway, so no row is hot, and
+    ``claimed_count`` is folded in the claim's own transaction."""
     coupon = Coupon.objects.get(pk=coupon_id)
     # Fail fast without a transaction; the conditional UPDATE below is what actually decides.
-    refusal = coupon_claim_refusal(coupon=coupon, now=now)
+    refusal = _window_refusal(coupon=coupon, now=now)
     if refusal:
         raise ClaimRefused(refusal)
+    if not CouponStockShard.objects.filter(coupon_id=coupon_id).exists():
+        stock.stock_shards_ensure(coupon_id=coupon_id)
     with transaction.atomic():
         expires_at = coupon.expires_at or now + coupon.valid_for
         user_coupon = UserCoupon.objects.create(
             coupon=coupon, user_id=user_id, seq=seq, claimed_at=now, expires_at=expires_at
         )
         ExpiryTask.objects.create(user_coupon=user_coupon, expire_at=expires_at)
-        # Last, so the coupon row stays locked only from here to commit.
-        taken = Coupon.objects.filter(
-            pk=coupon_id, status=Coupon.Status.ACTIVE, claimed_count__lt=F("total_stock")
-        ).update(claimed_count=F("claimed_count") + 1)
+        shards = list(
+            CouponStockShard.objects.filter(
+                coupon_id=coupon_id, claimed__lt=F("stock")
+            ).values_list("pk", flat=True)
+        )
+        taken = shards and CouponStockShard.objects.filter(
+            pk=random.choice(shards), claimed__lt=F("stock")
+        ).update(claimed=F("claimed") + 1)
         if not taken:
             coupon.refresh_from_db()
-            raise ClaimRefused(coupon_claim_refusal(coupon=coupon, now=now) or "sold_out")
+            raise ClaimRefused(_window_refusal(coupon=coupon, now=now) or "sold_out")
+        stock.coupon_claimed_count_fold(coupon_id=coupon_id)
     return user_coupon
 
 
-# PostgreSQL: the whole claim is one statement, so in autocommit it is its own transaction. Every
-# claim of a coupon queues on that coupon's row lock until its commit is durable; here the lock is
-# taken and released inside the server, never across a client round trip (a web worker descheduled
-# while holding it would stall every claim of the coupon). The conditions are the same as
-# ``coupon_claim_refusal``'s; the unique (coupon, user_id, seq) constraint fails the statement as a
-# whole (the counter increment included) when the seq is taken.
+# PostgreSQL: the whole claim is one statement, so in autocommit it is its own transaction. The
+# statement locks one shard with stock left, skipping shards other claims hold, and keeps that
+# lock until its commit is durable; the lock is taken and released inside the server, never across
+# a client round trip (a web worker descheduled while holding it would stall the shard). The
+# conditions are the same as ``_window_refusal``'s; the unique (coupon, user_id, seq) constraint
+# fails the statement as a whole (the shard's increment included) when the seq is taken. The
+# shards are tried from a random one on, so concurrent claims start on different rows.
 _CLAIM_SQL = """
-WITH taken AS (
-    UPDATE {coupon} SET claimed_count = claimed_count + 1
-    WHERE id = %(coupon_id)s AND status = %(active)s AND claimed_count < total_stock
+WITH coupon AS (
+    SELECT id, name, COALESCE(expires_at, %(now)s + valid_for) AS expires_at FROM {coupon}
+    WHERE id = %(coupon_id)s AND status = %(active)s
       AND claim_opens_at <= %(now)s
       AND (claim_closes_at IS NULL OR claim_closes_at > %(now)s)
       AND (expires_at IS NULL OR expires_at > %(now)s)
-    RETURNING id, name, COALESCE(expires_at, %(now)s + valid_for) AS expires_at
+), pick AS (
+    SELECT s.id FROM {shard} s
+    WHERE s.coupon_id = %(coupon_id)s AND s.claimed < s.stock AND EXISTS (SELECT 1 FROM coupon)
+    ORDER BY s.shard < %(start)s, s.shard
+    LIMIT 1 FOR UPDATE OF s {skip_locked}
+), taken AS (
+    UPDATE {shard} s SET claimed = s.claimed + 1 FROM pick WHERE s.id = pick.id
+    RETURNING s.id
 ), claimed AS (
     INSERT INTO {user_coupon} (coupon_id, user_id, seq, status, claimed_at, expires_at)
-    SELECT id, %(user_id)s, %(seq)s, %(unused)s, %(now)s, expires_at FROM taken
+    SELECT coupon.id, %(user_id)s, %(seq)s, %(unused)s, %(now)s, coupon.expires_at
+    FROM coupon, taken
     RETURNING id, expires_at
 ), task AS (
     INSERT INTO {task} (user_coupon_id, expire_at, status, created_at, updated_at)
     SELECT id, expires_at, %(pending)s, %(now)s, %(now)s FROM claimed
 )
-SELECT claimed.id, claimed.expires_at, taken.name FROM claimed, taken
+SELECT claimed.id, claimed.expires_at, coupon.name FROM claimed, coupon
 """
+
+# How often a claim that found no free shard re-reads the stock and waits for a busy shard before
+# it gives up; each miss means other claims took the units it saw, so this is never reached
+# before the stock really runs out unless the stock is being raised at the same time.
+_MAX_WAITS = 100
 
 
 def _claim_once_one_statement(
     *, coupon_id: int, user_id: int, seq: int, now: datetime
 ) -> UserCoupon:
-    sql = _CLAIM_SQL.format(
-        coupon=connection.ops.quote_name(Coupon._meta.db_table),
-        user_coupon=connection.ops.quote_name(UserCoupon._meta.db_table),
-        task=connection.ops.quote_name(ExpiryTask._meta.db_table),
-    )
-    params = {
-        "coupon_id": coupon_id, "user_id": user_id, "seq": seq, "now": now,
-        "active": Coupon.Status.ACTIVE, "unused": UserCoupon.Status.UNUSED,
-        "pending": ExpiryTask.Status.PENDING,
-    }  # fmt: skip
-    # Inside a caller's transaction, a failed statement must only roll back to a savepoint.
-    savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
-    with savepoint, connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
+    row = _claim_statement(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now, wait=False)
+    for _ in range(_MAX_WAITS):
+        if row is not None:
+            break
+        # Nothing taken: the coupon is not claimable, it is sold out (or not sharded yet), or
+        # every shard with stock left was held by another claim. Only the last is worth a wait.
         coupon = Coupon.objects.get(pk=coupon_id)
-        raise ClaimRefused(coupon_claim_refusal(coupon=coupon, now=now) or "sold_out")
+        refusal = _window_refusal(coupon=coupon, now=now)
+        if refusal:
+            raise ClaimRefused(refusal)
+        left = CouponStockShard.objects.filter(coupon_id=coupon_id).aggregate(
+            n=Count("id"), left=Sum(F("stock") - F("claimed"))
+        )
+        if not left["n"]:
+            stock.stock_shards_ensure(coupon_id=coupon_id)
+        elif not left["left"]:
+            raise ClaimRefused("sold_out")
+        row = _claim_statement(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now, wait=True)
+    if row is None:
+        raise ClaimRefused("sold_out")
     user_coupon = UserCoupon(
         id=row[0], coupon_id=coupon_id, user_id=user_id, seq=seq, claimed_at=now, expires_at=row[1]
     )
@@ -243,6 +306,32 @@ def _claim_once_one_statement(
     # The coupon as far as the statement read it: its other fields load on first access.
     user_coupon.coupon = Coupon.from_db(connection.alias, ["id", "name"], [coupon_id, row[2]])
     return user_coupon
+
+
+def _claim_statement(
+    *, coupon_id: int, user_id: int, seq: int, now: datetime, wait: bool
+) -> tuple | None:
+    sql = _CLAIM_SQL.format(
+        coupon=connection.ops.quote_name(Coupon._meta.db_table),
+        shard=connection.ops.quote_name(CouponStockShard._meta.db_table),
+        user_coupon=connection.ops.quote_name(UserCoupon._meta.db_table),
+        task=connection.ops.quote_name(ExpiryTask._meta.db_table),
+        skip_locked="" if wait else "SKIP LOCKED",
+    )
+    params = {
+        "coupon_id": coupon_id, "user_id": user_id, "seq": seq, "now": now,
+        "start": 0 if wait else random.randrange(stock.shard_count()),
+        "active": Coupon.Status.ACTIVE,
+        "unused": UserCoupon.Status.UNUSED, "pending": ExpiryTask.Status.PENDING,
+    }  # fmt: skip
+    # A waiting claim may keep the lock of a shard it found empty after the wait while it waits
+    # for the next one, so waiting claims go through the shards in one order (from shard 0):
+    # in random orders two of them could each hold the shard the other waits for.
+    # Inside a caller's transaction, a failed statement must only roll back to a savepoint.
+    savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
+    with savepoint, connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
 
 
 def _free_seq(*, coupon_id: int, user_id: int) -> int:

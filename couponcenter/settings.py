@@ -62,7 +62,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "couponcenter.middleware.LazyMessageMiddleware",  # Django's, built on first use
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -103,6 +103,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django's, but a connection used in the last DB_HEALTH_CHECK_IDLE_S is not re-checked with a
+    # SELECT 1 before every request (couponcenter.db.postgresql).
+    DATABASES["default"]["ENGINE"] = "couponcenter.db.postgresql"
+DB_HEALTH_CHECK_IDLE_S = float(os.environ.get("DB_HEALTH_CHECK_IDLE_S", "1"))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis
@@ -182,6 +187,23 @@ REST_FRAMEWORK = {
         "claim": os.environ.get("THROTTLE_CLAIM", "100000/min"),
     },
 }
+# The claim throttle counts in each process and adds its count to Redis at most this often
+# (couponcenter.api.throttling: all processes together may pass the rate by what the others let
+# through in that time); 0: one Redis round trip per claim.
+THROTTLE_CLAIM_SYNC_MS = float(os.environ.get("THROTTLE_CLAIM_SYNC_MS", "50"))
+
+# A token's caller (user, act-for-any permission, linked end user) is kept in each process this
+# long, so a claim does not spend a query on it; a revoked token or a changed permission takes
+# effect within this delay (0: look the token up on every request).
+AUTH_TOKEN_CACHE_SECONDS = float(os.environ.get("AUTH_TOKEN_CACHE_SECONDS", "5"))
+
+# --- Claims (couponcenter.stock)
+# Each coupon's stock is split over this many rows, so concurrent claims of one coupon do not all
+# queue on one row lock held through each commit. Applies to coupons created or restocked later.
+COUPON_STOCK_SHARDS = int(os.environ.get("COUPON_STOCK_SHARDS", "16"))
+# Coupon.claimed_count is folded from the shards by the last claim of a coupon running in a
+# process, and at least this often while claims keep running (couponcenter.stock).
+COUPON_FOLD_INTERVAL_MS = float(os.environ.get("COUPON_FOLD_INTERVAL_MS", "100"))
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Coupon Center API",

@@ -7,12 +7,21 @@ request's cost. Here one query reads the token's user, whether it holds
 ``couponcenter.act_for_any_user`` (directly or through a group) and its linked end user id; the
 answers stay on the user object for ``permissions.can_act_for`` and ``account_end_user_id``.
 The SQL is raw because the ORM spends longer compiling that query than the database running it.
+
+The answer is then kept in the process for ``AUTH_TOKEN_CACHE_SECONDS`` (a copy of the user per
+request), so a service account claiming thousands of times a second costs one query per process
+and interval, not one per claim; a deleted token, a deactivated user or a changed permission takes
+effect within that interval.
 """
 
 from __future__ import annotations
 
+import copy
+import threading
+import time
 from functools import cache
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.contrib.contenttypes.models import ContentType
@@ -23,6 +32,14 @@ from rest_framework.authtoken.models import Token
 from couponcenter.models import Account
 
 ACT_FOR_ANY_USER = ("couponcenter", "act_for_any_user")
+_MAX_CACHED = 10_000
+_cache_lock = threading.Lock()
+_cached: dict[str, tuple[float, object, Token]] = {}  # key -> (expires at, user, token)
+
+
+def token_cache_clear() -> None:
+    with _cache_lock:
+        _cached.clear()
 
 
 @cache
@@ -65,6 +82,25 @@ def _user_sql(vendor: str) -> str:
 
 class TokenAuthentication(authentication.TokenAuthentication):
     def authenticate_credentials(self, key: str):
+        ttl = settings.AUTH_TOKEN_CACHE_SECONDS
+        if ttl <= 0:
+            return self._lookup(key)
+        now = time.monotonic()
+        hit = _cached.get(key)
+        if hit is None or hit[0] <= now:
+            user, token = self._lookup(key)
+            hit = (now + ttl, user, token)
+            with _cache_lock:
+                if len(_cached) >= _MAX_CACHED:
+                    _cached.clear()
+                _cached[key] = hit
+        # A copy per request: a view may set attributes on request.user.
+        user = copy.copy(hit[1])
+        token = Token(key=key, user=user, created=hit[2].created)
+        token._state.adding = False
+        return user, token
+
+    def _lookup(self, key: str):
         params = {"key": key, "app_label": ACT_FOR_ANY_USER[0], "codename": ACT_FOR_ANY_USER[1]}
         users = list(get_user_model().objects.raw(_user_sql(connection.vendor), params))
         if not users:

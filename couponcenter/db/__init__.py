@@ -1,0 +1,1 @@
+"""Database backends of our own (``ENGINE`` values)."""

@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import quote
 
 import psutil
 from django.conf import settings
@@ -100,10 +101,14 @@ def free_port() -> int:
 
 
 def database_url() -> str:
+    """The URL of the database this process uses now (under pytest, the test database), for the
+    processes it starts."""
     db = connection.settings_dict
     if connection.vendor == "sqlite":
         return f"sqlite:///{db['NAME']}"
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    auth = quote(db["USER"] or "")
+    if db.get("PASSWORD"):
+        auth += ":" + quote(db["PASSWORD"])
     return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 

@@ -31,7 +31,7 @@ from reminders.engine.scripts import Claimed
 from reminders.engine.topics import DROP, HANDED_ON, Result, Topic
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
-from reminders.services.delivery import reminders_dead
+from reminders.services.delivery import reminders_dead, reminders_retry
 from reminders.topics import REMINDER_TOPIC, REMINDER_TOPIC_HIGH
 
 logger = logging.getLogger(__name__)
@@ -169,18 +169,12 @@ def flush_reminders(topic: str) -> None:
         deliver_reminders.apply_async(args=[batch], argsrepr=f"({count} reminders)")
     except Exception as exc:
         logger.exception("handing %d reminders of %s to Celery failed", count, topic)
-        _give_back(topic, parts, f"{type(exc).__name__}: {exc}"[:500])
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        failures: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        for slot, entries in parts:
+            failures[slot] += [(e.job_id, error) for e in entries]
+        reminders_retry(topic, failures, live=reminder_settings_get(), now_ms=queue.epoch_ms())
         raise
-
-
-def _give_back(topic: str, parts: list[tuple[int, list[Claimed]]], error: str) -> None:
-    live = reminder_settings_get()
-    for slot, entries in parts:
-        queue.nack_handed(
-            topic, slot, [(e.job_id, error) for e in entries], now_ms=queue.epoch_ms(),
-            max_attempts=live.max_attempts, backoff_base_ms=live.backoff_ms,
-            backoff_cap_ms=max(live.backoff_ms, 300_000),
-        )  # fmt: skip
 
 
 def delivery_queue_depth() -> int:

@@ -84,6 +84,15 @@ def _no_constants(name: str) -> None:
     raise ValueError(name)  # NaN / Infinity: DRF's strict JSON parser refuses them too
 
 
+def _claim(*, coupon_id: int, user_id: int) -> Response:
+    """The claim itself, for both paths: 201 with the user coupon, or the refusal raised."""
+    try:
+        user_coupon = services.coupon_claim(coupon_id=coupon_id, user_id=user_id)
+    except Coupon.DoesNotExist:
+        raise serializers.ValidationError({"coupon": [f"No coupon with id {coupon_id}."]}) from None
+    return Response(user_coupon_data(user_coupon), status=status.HTTP_201_CREATED)
+
+
 class UserCouponListApi(APIView):
     permission_classes = [ActsForUser]
     pagination_class = Pagination
@@ -147,20 +156,12 @@ class UserCouponListApi(APIView):
             request._claim_throttled_wait = -1 if wait is None else wait
             return None
         try:
-            try:
-                user_coupon = services.coupon_claim(coupon_id=coupon_id, user_id=user_id)
-            except Coupon.DoesNotExist:
-                raise serializers.ValidationError(
-                    {"coupon": [f"No coupon with id {coupon_id}."]}
-                ) from None
+            response = _claim(coupon_id=coupon_id, user_id=user_id)
         except Exception as exc:  # noqa: BLE001 - answered by the API's handler, or re-raised
             response = exception_handler(exc, {"view": self, "request": request})
             if response is None:
                 raise
-            return self._lean_response(request, response)
-        return self._lean_response(
-            request, Response(user_coupon_data(user_coupon), status=status.HTTP_201_CREATED)
-        )
+        return self._lean_response(request, response)
 
     def _lean_response(self, request: HttpRequest, response: Response) -> Response:
         """``response`` as DRF's ``finalize_response`` would have left it: rendered as JSON, with
@@ -207,14 +208,7 @@ class UserCouponListApi(APIView):
     def post(self, request: Request, user_id: int) -> Response:
         data = self.ClaimInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        coupon_id = data.validated_data["coupon"]
-        try:
-            user_coupon = services.coupon_claim(coupon_id=coupon_id, user_id=user_id)
-        except Coupon.DoesNotExist:
-            raise serializers.ValidationError(
-                {"coupon": [f"No coupon with id {coupon_id}."]}
-            ) from None
-        return Response(user_coupon_data(user_coupon), status=status.HTTP_201_CREATED)
+        return _claim(coupon_id=data.validated_data["coupon"], user_id=user_id)
 
 
 class UserCouponRedeemApi(APIView):

@@ -31,6 +31,7 @@ from .queue import (
     SlotStats,
     ack,
     ack_handed,
+    ack_handed_many,
     bury,
     cancel,
     cancel_anywhere,
@@ -68,8 +69,8 @@ from .topics import (
 __all__ = [
     "Claimed", "DROP", "Dead", "DeadEntry", "EngineError", "EngineSettings", "HANDED_ON",
     "LeaseLost", "OK", "Result", "Retry", "SlotStats", "Topic", "TopicSettings", "ack",
-    "ack_handed", "all_topics", "bury", "cancel", "cancel_anywhere", "cancel_many", "claim",
-    "get_topic", "list_dead", "nack", "nack_handed", "purge_dead", "reap", "record_layout",
-    "register_topic", "requeue_dead", "schedule", "schedule_many", "served_slot_count", "slot_for",
-    "slot_layouts", "stats",
+    "ack_handed", "ack_handed_many", "all_topics", "bury", "cancel", "cancel_anywhere",
+    "cancel_many", "claim", "get_topic", "list_dead", "nack", "nack_handed", "purge_dead", "reap",
+    "record_layout", "register_topic", "requeue_dead", "schedule", "schedule_many",
+    "served_slot_count", "slot_for", "slot_layouts", "stats",
 ]  # fmt: skip

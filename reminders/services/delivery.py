@@ -267,11 +267,7 @@ def _settle(
     retry: dict[int, list[tuple[str, str]]] = defaultdict(list)
     for member, error in report.failed:
         retry[slot_of[member]].append((member, error))
-    for slot, failures in retry.items():
-        queue.nack_handed(
-            topic, slot, failures, now_ms=now_ms, max_attempts=live.max_attempts,
-            backoff_base_ms=live.backoff_ms, backoff_cap_ms=max(live.backoff_ms, 300_000),
-        )  # fmt: skip
+    reminders_retry(topic, retry, live=live, now_ms=now_ms)
     if report.dead:
         raise_alert(
             title=f"{len(report.dead)} reminders dead after {live.max_attempts} attempts",
@@ -286,6 +282,22 @@ def _settle(
     )  # fmt: skip
     return {"delivered": len(report.delivered), "failed": len(report.failed),
             "dead": len(report.dead), "dropped": report.dropped}  # fmt: skip
+
+
+def reminders_retry(
+    topic: str,
+    failures: dict[int, list[tuple[str, str]]],
+    *,
+    live: ReminderSettings,
+    now_ms: int,
+) -> None:
+    """Handed-on entries that failed ({slot: [(member, error)]}): back to their slots after the
+    live backoff, or dead past the attempt limit."""
+    for slot, items in failures.items():
+        queue.nack_handed(
+            topic, slot, items, now_ms=now_ms, max_attempts=live.max_attempts,
+            backoff_base_ms=live.backoff_ms, backoff_cap_ms=max(live.backoff_ms, 300_000),
+        )  # fmt: skip
 
 
 def reminders_dead(topic: str, members: list[str]) -> int:

@@ -26,11 +26,11 @@ from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from couponcenter.bench_http import free_port
+from couponcenter.bench_http import database_url, free_port
 from reminders.engine import topics as engine_topics
 from reminders.models import TimeoutJob
 from reminders.services import timeout_job_create
-from tests.e2e.conftest import _forget_broker_queue, database_url
+from tests.e2e.conftest import _forget_broker_queue
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -24,29 +24,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
+from couponcenter.bench_http import database_url
 from couponcenter.redis import build_client
 from reminders.engine import leases
 
 READY_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 15
 LEASE_MS = 2000  # short leases: a killed worker's slots are taken over within 2 s
-
-
-def database_url() -> str:
-    """The URL of the database pytest is using right now (the test database)."""
-    s = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{s['NAME']}"
-    auth = quote(s["USER"] or "")
-    if s.get("PASSWORD"):
-        auth += ":" + quote(s["PASSWORD"])
-    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
 def wait_for(

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
 from django.utils import timezone
 
+from couponcenter.bench_http import database_url
 from reminders.engine import leases, queue
 from reminders.engine import topics as engine_topics
 from reminders.models import TimeoutJob
@@ -42,14 +42,6 @@ SLEEP_ENV = "CC_TEST_ACTION_SLEEP_S"
 def sleepy_action(job: TimeoutJob) -> None:
     """Runs inside the worker process: hangs when told to (to be killed mid-batch)."""
     time.sleep(float(os.environ.get(SLEEP_ENV, "0")))
-
-
-def database_url() -> str:
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 @pytest.fixture(autouse=True)

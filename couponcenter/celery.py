@@ -1,7 +1,10 @@
 import os
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_process_init, worker_process_shutdown
+from celery.signals import task_postrun, task_prerun, worker_process_shutdown
+from django.db import close_old_connections
+
+from couponcenter.core.metrics import mark_process_dead
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "couponcenter.settings")
 
@@ -20,20 +23,11 @@ app.conf.CELERY_DB_REUSE_MAX = 2**31
 def _close_old_connections(task=None, **kwargs) -> None:
     if task is not None and getattr(task.request, "is_eager", False):
         return  # run in the caller's process: its connection is the caller's to manage
-    from django.db import close_old_connections
-
     close_old_connections()
 
 
 # Prometheus multiprocess mode (PROMETHEUS_MULTIPROC_DIR): each prefork child writes its own
 # files, which the web's /metrics adds up; a child that exits is marked dead so its live gauges go.
-@worker_process_init.connect
-def _metrics_child_started(**kwargs) -> None:
-    import reminders.metrics  # noqa: F401  (the child's counters exist from its first moment)
-
-
 @worker_process_shutdown.connect
 def _metrics_child_exited(pid: int | None = None, **kwargs) -> None:
-    from couponcenter.monitoring import mark_process_dead
-
     mark_process_dead(pid)

@@ -5,7 +5,7 @@ End users are external integer ``user_id``s, not Django accounts. An ``Account``
 (service accounts) may act for anyone.
 """
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -13,14 +13,14 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
+from couponcenter.core.time import EARLIEST_TIME, LATEST_TIME
+
 # Bounds that keep every value storable (a PostgreSQL integer, SQLite's 64-bit microseconds) and
 # every sum of them (opening time minus reminder lead, claim time plus validity) far from overflow.
 MAX_TOTAL_STOCK = 2_000_000_000
 MAX_PER_USER_LIMIT = 1000
 MAX_VALID_FOR = timedelta(days=3660)
 MAX_REMINDER_LEAD = timedelta(days=7)
-EARLIEST_TIME = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST_TIME = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 class Coupon(models.Model):

@@ -15,7 +15,6 @@ Invariants (held by the database, not by luck):
 
 from __future__ import annotations
 
-import importlib
 import random
 from contextlib import nullcontext
 from datetime import datetime, timedelta
@@ -28,11 +27,13 @@ from django.db.models import Count, F, Sum
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
+# The one documented exception to the layering (DESIGN.md section 1): the claim statement writes
+# the claim's ExpiryTask in the same transaction (article 003).
 from expiry.models import ExpiryTask
 
-from . import stock
-from .errors import ClaimRefused, CouponStateError, RedeemRefused
+from . import rules, signals, stock
 from .models import MAX_PER_USER_LIMIT, Account, Coupon, CouponStockShard, UserCoupon
+from .rules import ClaimRefused, CouponStateError, RedeemRefused
 
 COUPON_FIELDS = frozenset(
     {
@@ -108,7 +109,7 @@ def coupon_update(*, coupon: Coupon, **fields: Any) -> Coupon:
         if coupon.total_stock != stock_before:
             stock.stock_recut(coupon=coupon, shards=shards)
         if (coupon.claim_opens_at, coupon.reminder_lead) != before:
-            _reminder_hook("subscriptions_reschedule_for_coupon", coupon=coupon)
+            signals.coupon_rescheduled.send(sender=Coupon, coupon=coupon)
     return coupon
 
 
@@ -121,50 +122,13 @@ def coupon_cancel(*, coupon: Coupon) -> Coupon:
             stock.stock_close(shards=stock.stock_lock(coupon=locked))
             locked.status = Coupon.Status.CANCELLED
             locked.save(update_fields=["status", "claimed_count", "updated_at"])
-            _reminder_hook("subscriptions_cancel_for_coupon", coupon=locked)
+            signals.coupon_cancelled.send(sender=Coupon, coupon=locked)
     coupon.refresh_from_db()
     return coupon
 
 
-def _reminder_hook(name: str, *, coupon: Coupon) -> None:
-    """Call ``reminders.services.<name>`` if that module and function exist yet.
-
-    Only a missing ``reminders.services`` module is tolerated: an ImportError raised from inside
-    it (a real bug) propagates.
-    """
-    try:
-        reminder_services = importlib.import_module("reminders.services")
-    except ModuleNotFoundError as exc:
-        if exc.name not in {"reminders", "reminders.services"}:
-            raise
-        return
-    hook = getattr(reminder_services, name, None)
-    if hook is not None:
-        hook(coupon=coupon)
-
-
-def coupon_claim_refusal(*, coupon: Coupon, now: datetime) -> str | None:
-    """Why a claim of ``coupon`` at ``now`` would be refused (ignoring per-user limits).
-
-    ``sold_out`` is judged from ``claimed_count``, which may lag the claims by a moment
-    (``couponcenter.stock``); a claim itself decides on the shards.
-    """
-    refusal = _window_refusal(coupon=coupon, now=now)
-    if refusal is None and coupon.claimed_count >= coupon.total_stock:
-        return "sold_out"
-    return refusal
-
-
 def _window_refusal(*, coupon: Coupon, now: datetime) -> str | None:
-    if coupon.status == Coupon.Status.CANCELLED:
-        return "cancelled"
-    if now < coupon.claim_opens_at:
-        return "not_open"
-    if coupon.claim_closes_at and now >= coupon.claim_closes_at:
-        return "closed"
-    if coupon.expires_at and now >= coupon.expires_at:
-        return "closed"
-    return None
+    return rules.claim_refusal(now=now, **rules.fields_of(coupon))
 
 
 def coupon_claim(*, coupon_id: int, user_id: int, now: datetime | None = None) -> UserCoupon:
@@ -239,7 +203,7 @@ def _claim_once_serialized(*, coupon_id: int, user_id: int, seq: int, now: datet
 # statement locks one shard with stock left, skipping shards other claims hold, and keeps that
 # lock until its commit is durable; the lock is taken and released inside the server, never across
 # a client round trip (a web worker descheduled while holding it would stall the shard). The
-# conditions are the same as ``_window_refusal``'s; the unique (coupon, user_id, seq) constraint
+# conditions are the same as ``rules.claim_refusal``'s; the unique (coupon, user_id, seq) constraint
 # fails the statement as a whole (the shard's increment included) when the seq is taken. The
 # shards are tried from a random one on, so concurrent claims start on different rows.
 _CLAIM_SQL = """

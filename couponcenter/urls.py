@@ -1,16 +1,19 @@
+"""The project's URLs: every app's API under ``/api/``, the admin and its operations console, the
+schema and docs, health and metrics."""
+
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from couponcenter.api import health
-from reminders.admin.console import console_urls
+from couponcenter.core import health
+from couponcenter.ops.views import console_urls
 
 urlpatterns = [
-    path("admin/console/", include(console_urls())),  # the ops console (issue 5)
+    path("admin/console/", include(console_urls())),  # the operations console
     path("admin/", admin.site.urls),
     path("api/", include("couponcenter.api.urls")),
     path("api/", include("reminders.api.urls")),
-    path("api/", include("expiry.api.urls")),
+    path("api/", include("couponcenter.ops.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("healthz/", health.ready, name="healthz"),

@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 
-from reminders.admin.paginator import EstimatedCountPaginator
+from couponcenter.core.admin import EstimatedCountPaginator
 
 from . import services
 from .models import ExpirySettings, ExpiryTask

@@ -15,6 +15,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from couponcenter.core.live_settings import LiveSettings
+
 
 class ExpiryTask(models.Model):
     class Status(models.TextChoices):
@@ -48,15 +50,16 @@ class ExpiryTask(models.Model):
         return f"expire user coupon {self.user_coupon_id} at {self.expire_at:%Y-%m-%d %H:%M}"
 
 
-class ExpirySettings(models.Model):
-    """The sweeper's live configuration: a single row, edited in the admin, read every pass."""
+class ExpirySettings(LiveSettings):
+    """The sweeper's live configuration: a single row, edited in the admin, read every pass
+    (its change marker, ``version``, as every live settings row:
+    ``couponcenter.core.live_settings``)."""
 
     batch_size = models.PositiveIntegerField(
         default=2000, validators=[MinValueValidator(1), MaxValueValidator(100_000)]
     )
     interval = models.DurationField(default=timedelta(seconds=60))
     retention = models.DurationField(default=timedelta(days=7))
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         verbose_name = "expiry settings"

@@ -12,7 +12,7 @@ from datetime import datetime
 import redis
 from django.utils import timezone
 
-from couponcenter.redis import get_redis
+from couponcenter.core.redis import get_redis
 
 from .models import ExpiryTask
 from .services import last_run_key

@@ -38,8 +38,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from couponcenter.core.live_settings import LiveSettingsReader, live_settings_save
+from couponcenter.core.redis import get_redis
 from couponcenter.models import UserCoupon
-from couponcenter.redis import get_redis
 
 from .models import ExpirySettings, ExpiryTask
 
@@ -274,30 +275,22 @@ def expiry_cleanup(
 
 # --- settings ------------------------------------------------------------------------------------
 
-_settings_cache: dict[str, object] = {}
+_settings = LiveSettingsReader(ExpirySettings, max_age_s=SETTINGS_CACHE_SECONDS)
 
 
 def expiry_settings_get(*, max_age: float = SETTINGS_CACHE_SECONDS) -> ExpirySettings:
     """The single settings row (created with defaults on first use), cached for ``max_age`` s.
 
-    When the cache is older than ``max_age`` only ``updated_at`` is re-read; the row is reloaded
-    when it changed. The sweeper calls this with ``max_age=0`` each pass, so an edit in the admin
-    applies from the next pass, without a restart.
+    When the cache is older than ``max_age`` only the change marker (``version``) is re-read; the
+    row is reloaded when it moved. The sweeper calls this with ``max_age=0`` each pass, so an edit
+    in the admin applies from the next pass, without a restart.
     """
-    cached = _settings_cache.get("row")
-    fetched = _settings_cache.get("fetched", 0.0)
-    if isinstance(cached, ExpirySettings) and time.monotonic() - fetched < max_age:
-        return cached
-    marker = ExpirySettings.objects.order_by("pk").values_list("pk", "updated_at").first()
-    if not (isinstance(cached, ExpirySettings) and marker == (cached.pk, cached.updated_at)):
-        cached = ExpirySettings.objects.order_by("pk").first() or ExpirySettings.objects.create()
-    _settings_cache.update(row=cached, fetched=time.monotonic())
-    return cached
+    return _settings.get(max_age_s=max_age)
 
 
 def expiry_settings_cache_clear() -> None:
     """Forget the cached row (tests; anything that edits the row behind the services' back)."""
-    _settings_cache.clear()
+    _settings.clear()
 
 
 def expiry_settings_errors(
@@ -315,9 +308,10 @@ def expiry_settings_errors(
 
 
 def expiry_settings_save(*, config: ExpirySettings) -> ExpirySettings:
-    """Save the settings row; sweepers pick it up on their next pass (``updated_at`` moves)."""
-    config.save()
-    _settings_cache.clear()
+    """Save the settings row; sweepers pick it up on their next pass (its ``version`` moves).
+    Raises ``ValidationError`` (nothing saved) for values the model refuses."""
+    live_settings_save(instance=config)
+    _settings.clear()
     return config
 
 

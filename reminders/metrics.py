@@ -1,4 +1,6 @@
-"""Counters and lateness kept for the console, in Redis with bounded memory, plus Prometheus.
+"""Counters and lateness kept for the console, in Redis with bounded memory, plus Prometheus:
+the reminder events and lateness counters (the queue gauges read at scrape time are
+``reminders.collector``).
 
 Per topic and minute, one hash ``<prefix>:metrics:{<topic>}:<minute>`` holds counts (dispatched,
 delivered, failed, dropped, dead) and a lateness histogram (``lat:<bucket upper bound ms>``). Each
@@ -14,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from django.conf import settings
 from prometheus_client import Counter, Histogram
 
-from couponcenter.redis import get_redis
+from couponcenter.core.redis import get_redis
 
 RETENTION_S = 2 * 3600
 COUNTS = ("dispatched", "delivered", "failed", "dropped", "dead")

@@ -7,9 +7,16 @@ is due when, and which are in flight). A write commits here first and is indexed
 
 from datetime import timedelta
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+
+from couponcenter.core.live_settings import LiveSettings
+from reminders.engine.topics import TopicSettings
+
+# A failed reminder's retries wait at most this long (or the base backoff, if that is longer).
+BACKOFF_CAP_MS = 300_000
 
 
 class TimeoutJob(models.Model):
@@ -118,17 +125,16 @@ class Notification(models.Model):
 
 
 def _power_of_two(value: int) -> None:
-    from django.core.exceptions import ValidationError
-
     if value < 1 or value & (value - 1):
         raise ValidationError(f"{value} is not a power of two (1, 2, 4, 8, ...).")
 
 
-class ReminderSettings(models.Model):
+class ReminderSettings(LiveSettings):
     """Live configuration of the reminder workers: one row, edited in the admin.
 
     Workers poll ``version`` every tick and pick a change up without a restart; every save bumps it
-    (``queryset.update()`` callers must bump it explicitly, as django-celery-beat does).
+    (``couponcenter.core.live_settings``; ``queryset.update()`` callers must bump it explicitly, as
+    django-celery-beat does).
     """
 
     class LatePolicy(models.TextChoices):
@@ -170,8 +176,6 @@ class ReminderSettings(models.Model):
     # Console warnings.
     backlog_warning = models.PositiveIntegerField(default=10_000)
     lateness_warning_ms = models.PositiveIntegerField(default=1000)
-    version = models.PositiveIntegerField(default=1, editable=False)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         verbose_name = "reminder settings"
@@ -180,12 +184,26 @@ class ReminderSettings(models.Model):
     def __str__(self) -> str:
         return f"Reminder settings v{self.version}"
 
+    def topic_settings(self) -> TopicSettings:
+        """What the engine takes from this row for each reminder topic: the one mapping from live
+        settings to engine numbers (the dispatcher's config, the topics, delivery's retries)."""
+        return TopicSettings(
+            slots=self.slots,
+            batch_size=self.batch_size,
+            visibility_ms=self.visibility_timeout_ms,
+            max_attempts=self.max_attempts,
+            backoff_base_ms=self.backoff_ms,
+            backoff_cap_ms=max(self.backoff_ms, BACKOFF_CAP_MS),
+            paused=self.paused,
+        )
+
 
 class DeadLetter(models.Model):
     """A job in an engine dead queue: lives in Redis, not in a table (``managed = False``).
 
     As django-rq does for its queues, the model only gives the admin a name, permissions and log
-    entries; rows are built by ``reminders.console`` from the dead sorted sets, never queried.
+    entries; rows are built by ``reminders.selectors.dead_letters`` from the dead sorted sets, never
+    queried.
     The primary key is ``"<topic>|<slot>|<job id>"``.
     """
 

@@ -4,6 +4,8 @@ import logging
 
 from celery import shared_task
 
+from reminders.services.delivery import reminders_deliver
+
 logger = logging.getLogger(__name__)
 
 
@@ -14,8 +16,6 @@ def deliver_reminders(batch: dict) -> dict[str, int]:
     No Celery-level retry: failed items are nacked into the engine, which retries exactly those
     with backoff and moves them to the dead queue past the attempt limit.
     """
-    from reminders.services.delivery import reminders_deliver
-
     return reminders_deliver(batch)
 
 

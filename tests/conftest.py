@@ -8,16 +8,18 @@ import os
 import uuid
 
 import pytest
-from django.conf import settings
 from django.db import connection
 
-from couponcenter.redis import get_redis
+from couponcenter.celery import app as celery_app
+from couponcenter.core.redis import get_redis, is_cluster
+from reminders.models import ReminderSettings
+from reminders.services import reminder_settings_save
 
 
 def pytest_configure(config):
     # Embedded Redis for a laptop with nothing installed: start it before any test imports a client.
     if not os.environ.get("REDIS_URL"):
-        from couponcenter.redis import ensure_embedded_server
+        from couponcenter.core.redis import ensure_embedded_server
 
         ensure_embedded_server()
 
@@ -45,8 +47,6 @@ def redis_prefix(settings, redis_client):
 
 
 def delete_keys(client, pattern: str) -> None:
-    from couponcenter.redis import is_cluster
-
     if is_cluster(client):
         for node in client.get_primaries():
             keys = list(client.scan_iter(match=pattern, count=1000, target_nodes=node))
@@ -68,9 +68,6 @@ def on_postgres():
     return connection.vendor == "postgresql"
 
 
-__all__ = ["delete_keys", "settings"]
-
-
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
     """pytest-django's test databases, plus one chore at the end: the live server's request
@@ -84,3 +81,26 @@ def django_db_setup(django_db_setup, django_db_blocker):
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
+
+
+@pytest.fixture
+def eager_celery():
+    """Run Celery tasks in-process (the real task code, without a broker round trip)."""
+    before = celery_app.conf.task_always_eager
+    celery_app.conf.task_always_eager = True
+    yield celery_app
+    celery_app.conf.task_always_eager = before
+
+
+@pytest.fixture
+def reminder_settings(db):
+    """The live settings row, with a helper to change it the way the admin does."""
+    row, _ = ReminderSettings.objects.get_or_create(pk=1)
+
+    def change(**fields):
+        for name, value in fields.items():
+            setattr(row, name, value)
+        return reminder_settings_save(instance=row)
+
+    row.change = change
+    return row

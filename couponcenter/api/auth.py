@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 
-from couponcenter.api.errors import BAD_REQUEST, THROTTLED
+from couponcenter.core.api.errors import BAD_REQUEST, THROTTLED
 
 
 class TokenApi(ObtainAuthToken):

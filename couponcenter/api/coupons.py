@@ -12,11 +12,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from couponcenter import selectors, services
-from couponcenter.api.errors import conflict_serializer, error_responses
-from couponcenter.api.fields import AwareDateTimeField, IsoDurationField
-from couponcenter.api.pagination import Pagination, paginated_response
-from couponcenter.api.permissions import CanManageCoupons
-from couponcenter.api.schema import COUPON_ID
+from couponcenter.core.api.errors import conflict_serializer, error_responses
+from couponcenter.core.api.fields import AwareDateTimeField, IsoDurationField
+from couponcenter.core.api.pagination import Pagination, paginated_response
+from couponcenter.core.api.permissions import CanManageCoupons
+from couponcenter.core.api.schema import COUPON_ID
 from couponcenter.models import MAX_PER_USER_LIMIT, MAX_TOTAL_STOCK, Coupon
 
 

@@ -1,21 +1,7 @@
-from django.urls import path, register_converter
+from django.urls import path
 
 from couponcenter.api import auth, claims, coupons
-
-
-class BigIntConverter:
-    """Non-negative ids that fit a BIGINT: anything longer is a 404, never a database error."""
-
-    regex = "[0-9]{1,18}"
-
-    def to_python(self, value: str) -> int:
-        return int(value)
-
-    def to_url(self, value: int) -> str:
-        return str(value)
-
-
-register_converter(BigIntConverter, "id")
+from couponcenter.core.api import converters  # noqa: F401  (registers the "id" path converter)
 
 urlpatterns = [
     path("auth/token/", auth.TokenApi.as_view(), name="api-token"),

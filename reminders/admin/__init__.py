@@ -1,16 +1,21 @@
-"""The reminders admin, which is also the operations console (issue 5).
+"""The reminders admin.
 
 - ``domain``: subscriptions, timeout jobs, notifications (built for tens of millions of rows);
 - ``config``: the live ``ReminderSettings`` row, with which running workers picked it up;
-- ``deadletters``: the engine's dead queues as an unmanaged model (as django-rq does for queues);
-- ``console``: the overview page at ``/admin/console/``, linked from the admin index.
+- ``dead_letters``: the engine's dead queues as an unmanaged model (as django-rq does for queues);
+- and the "subscribed" count on a coupon's change page (``register_coupon_count``).
 
-Pages read through ``reminders.console`` (selectors) and write through ``reminders.services``.
+Pages read through ``reminders.selectors`` and write through ``reminders.services``. The
+operations console over every app is ``couponcenter.ops``.
 """
 
-from django.contrib import admin
+from couponcenter.admin import register_coupon_count
+from reminders.selectors import subscription_scheduled_count
 
-from . import config, console, deadletters, domain  # noqa: F401  (registers the admins)
+from . import config, dead_letters, domain  # noqa: F401  (registers the admins)
 
-# AdminSite hook: the index page gets a link to the console above the app list.
-admin.site.index_template = "admin/reminders/console_index.html"
+register_coupon_count(
+    "subscribed",
+    "subscribed (reminders scheduled)",
+    lambda coupon_id: subscription_scheduled_count(coupon_id=coupon_id),
+)

@@ -6,9 +6,9 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 
-from reminders import console, services
+from reminders import services
 from reminders.models import ReminderSettings
-from reminders.selectors import reminder_settings_get
+from reminders.selectors import queues, reminder_settings_get
 
 
 @admin.register(ReminderSettings)
@@ -43,7 +43,7 @@ class ReminderSettingsAdmin(admin.ModelAdmin):
         extra_context = {
             **(extra_context or {}),
             "current_version": live.version,
-            "workers": [w for w in console.workers(live=live) if w.live],
+            "workers": [w for w in queues.workers(live=live) if w.live],
         }
         return super().change_view(request, object_id, form_url, extra_context)
 

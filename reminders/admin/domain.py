@@ -4,14 +4,8 @@ searches that use an index, and no filter that lists a big related table."""
 
 from django.contrib import admin
 
-from reminders.admin.paginator import EstimatedCountPaginator
+from couponcenter.core.admin import EstimatedCountPaginator, exact_id
 from reminders.models import Notification, ReminderSubscription, TimeoutJob
-
-
-def exact_id(term: str) -> int | None:
-    """An id typed in a search box, if it can be one (digits, fits a BIGINT)."""
-    term = term.strip()
-    return int(term) if term.isdigit() and len(term) <= 18 else None
 
 
 @admin.register(TimeoutJob)

@@ -4,9 +4,9 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.views import APIView
 
-from couponcenter.api.errors import error_responses
-from couponcenter.api.pagination import Pagination, paginated_response
-from couponcenter.api.permissions import ActsForUser
+from couponcenter.core.api.errors import error_responses
+from couponcenter.core.api.pagination import Pagination, paginated_response
+from couponcenter.core.api.permissions import ActsForUser
 from reminders import selectors
 from reminders.models import Notification
 

@@ -6,9 +6,9 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from couponcenter.api.errors import conflict_serializer, error_responses
-from couponcenter.api.pagination import Pagination, paginated_response
-from couponcenter.api.permissions import ActsForUser
+from couponcenter.core.api.errors import conflict_serializer, error_responses
+from couponcenter.core.api.pagination import Pagination, paginated_response
+from couponcenter.core.api.permissions import ActsForUser
 from couponcenter.models import Coupon
 from reminders import selectors, services
 from reminders.models import ReminderSubscription

@@ -9,8 +9,8 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from couponcenter.api.errors import conflict_serializer, error_responses
-from couponcenter.api.fields import AwareDateTimeField
+from couponcenter.core.api.errors import conflict_serializer, error_responses
+from couponcenter.core.api.fields import AwareDateTimeField
 from reminders import services
 from reminders.models import TimeoutJob
 

@@ -1,7 +1,7 @@
 from django.urls import path
 
-import couponcenter.api.urls  # noqa: F401  (registers the "id" path converter)
-from reminders.api import notifications, ops, subscriptions, timeouts
+from couponcenter.core.api import converters  # noqa: F401  (registers the "id" path converter)
+from reminders.api import notifications, subscriptions, timeouts
 
 urlpatterns = [
     path("timeouts/", timeouts.TimeoutJobCreateApi.as_view(), name="timeout-create"),
@@ -21,12 +21,4 @@ urlpatterns = [
         notifications.NotificationListApi.as_view(),
         name="user-notification-list",
     ),
-    path("ops/backlog/", ops.BacklogApi.as_view(), name="ops-backlog"),
-    path("ops/dead-letters/", ops.DeadLetterListApi.as_view(), name="ops-dead-letters"),
-    path(
-        "ops/dead-letters/requeue/",
-        ops.DeadLetterRequeueApi.as_view(),
-        name="ops-dead-letters-requeue",
-    ),
-    path("ops/config/", ops.ConfigApi.as_view(), name="ops-config"),
 ]

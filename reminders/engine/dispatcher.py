@@ -22,9 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from couponcenter.redis import Client
-
 from . import leases, queue
+from .connection import Client
 from .scripts import Claimed, LeaseLost
 from .topics import (
     OK,

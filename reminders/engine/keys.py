@@ -13,7 +13,8 @@ them all on a Redis Cluster (they live on one node)::
 Global keys have their own tags: the worker registry ``{<prefix>:workers}``, one key per singleton
 lease, the round-robin counter and the per-topic set of slot layouts (slot counts still in use).
 
-The prefix is ``settings.REDIS_KEY_PREFIX`` read at call time, so tests can give each test its own.
+The prefix is the one installed in ``connection`` (read at call time, so tests can give each test
+its own).
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ import re
 import zlib
 from dataclasses import dataclass
 
-from django.conf import settings
+from . import connection
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 
 
 def prefix() -> str:
-    return getattr(settings, "REDIS_KEY_PREFIX", "cc")
+    return connection.prefix()
 
 
 def slot_for(slot_basis: object, slots: int) -> int:

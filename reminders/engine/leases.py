@@ -24,16 +24,11 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from couponcenter.redis import Client, get_redis
-
-from . import keys, scripts
+from . import connection, keys, scripts
+from .connection import Client
 from .keys import slot_keys
 
 DEFAULT_LEASE_MS = 5000
-
-
-def _c(client: Client | None) -> Client:
-    return client if client is not None else get_redis()
 
 
 def new_worker_id() -> str:
@@ -57,7 +52,7 @@ class WorkerInfo:
 
 def heartbeat(worker: WorkerInfo, *, client: Client | None = None) -> None:
     info = {k: v for k, v in vars(worker).items() if k not in ("worker_id", "heartbeat_ms")}
-    pipe = scripts.pipeline(_c(client))
+    pipe = scripts.pipeline(connection.client(client))
     pipe.hset(keys.workers_info(), worker.worker_id, json.dumps(info))
     pipe.zadd(keys.workers_beats(), {worker.worker_id: worker.heartbeat_ms})
     pipe.execute()
@@ -65,13 +60,13 @@ def heartbeat(worker: WorkerInfo, *, client: Client | None = None) -> None:
 
 def live_workers(*, now_ms: int, lease_ms: int, client: Client | None = None) -> list[str]:
     """Ids of workers that heartbeated within the lease time, sorted."""
-    ids = _c(client).zrangebyscore(keys.workers_beats(), now_ms - lease_ms, "+inf")
+    ids = connection.client(client).zrangebyscore(keys.workers_beats(), now_ms - lease_ms, "+inf")
     return sorted(scripts.as_str(i) for i in ids)
 
 
 def list_workers(*, client: Client | None = None) -> list[WorkerInfo]:
     """Every registered worker with its last heartbeat (live or not yet pruned), for the console."""
-    client = _c(client)
+    client = connection.client(client)
     beats = dict(client.zrange(keys.workers_beats(), 0, -1, withscores=True))
     infos = client.hgetall(keys.workers_info())
     out = []
@@ -82,15 +77,17 @@ def list_workers(*, client: Client | None = None) -> list[WorkerInfo]:
 
 
 def deregister(worker_id: str, *, client: Client | None = None) -> None:
-    pipe = scripts.pipeline(_c(client))
+    pipe = scripts.pipeline(connection.client(client))
     pipe.zrem(keys.workers_beats(), worker_id)
     pipe.hdel(keys.workers_info(), worker_id)
     pipe.execute()
 
 
 def prune_workers(*, now_ms: int, older_than_ms: int, client: Client | None = None) -> int:
-    return scripts.workers_prune(_c(client), keys.workers_beats(), keys.workers_info(),
-                                 cutoff_ms=now_ms - older_than_ms, limit=1000)  # fmt: skip
+    return scripts.workers_prune(
+        connection.client(client), keys.workers_beats(), keys.workers_info(),
+        cutoff_ms=now_ms - older_than_ms, limit=1000,
+    )  # fmt: skip
 
 
 # --- slot assignment ------------------------------------------------------------------------------
@@ -109,7 +106,7 @@ def poll_order(topic: str, owned: Sequence[int], *, client: Client | None = None
     """Owned slots rotated to start where article 000's shared ``INCR`` counter points."""
     if len(owned) < 2:
         return list(owned)
-    start = _c(client).incr(keys.round_robin(topic)) % len(owned)
+    start = connection.client(client).incr(keys.round_robin(topic)) % len(owned)
     return [*owned[start:], *owned[:start]]
 
 
@@ -149,7 +146,9 @@ class SlotLeases:
         calls = [scripts.lease_acquire_call(slot_keys(*pair), holder=self.worker_id,
                                             ttl_ms=self.ttl_ms, current=self.held.get(pair))
                  for pair in pairs]  # fmt: skip
-        for pair, raw in zip(pairs, scripts.run_calls(_c(self.client), calls), strict=True):
+        for pair, raw in zip(
+            pairs, scripts.run_calls(connection.client(self.client), calls), strict=True
+        ):
             token = scripts.parse_token(raw)
             if token is None:
                 if self.held.pop(pair, None) is not None:
@@ -166,7 +165,9 @@ class SlotLeases:
                                           ttl_ms=self.ttl_ms) for pair in pairs]  # fmt: skip
         lost = [
             p
-            for p, ok in zip(pairs, scripts.run_calls(_c(self.client), calls), strict=True)
+            for p, ok in zip(
+                pairs, scripts.run_calls(connection.client(self.client), calls), strict=True
+            )
             if not ok
         ]
         for pair in lost:
@@ -182,7 +183,7 @@ class SlotLeases:
         calls = [scripts.lease_release_call(slot_keys(*pair).lease, token=self.held.pop(pair))
                  for pair in pairs]  # fmt: skip
         if calls:
-            scripts.run_calls(_c(self.client), calls)
+            scripts.run_calls(connection.client(self.client), calls)
         return pairs
 
     def release_all(self) -> None:
@@ -194,8 +195,10 @@ class SlotLeases:
 
 def try_singleton(name: str, token: str, ttl_ms: int, *, client: Client | None = None) -> bool:
     """Take or keep the named lease (reaping, DB reconcile): True while we are the one doing it."""
-    return scripts.singleton_hold(_c(client), keys.singleton(name), token=token, ttl_ms=ttl_ms)
+    return scripts.singleton_hold(
+        connection.client(client), keys.singleton(name), token=token, ttl_ms=ttl_ms
+    )
 
 
 def release_singleton(name: str, token: str, *, client: Client | None = None) -> bool:
-    return scripts.lease_release(_c(client), keys.singleton(name), token=token)
+    return scripts.lease_release(connection.client(client), keys.singleton(name), token=token)

@@ -6,8 +6,8 @@ uses it to cancel. Slot layouts (slot counts) still holding entries are kept in 
 workers serve ``served_slot_count()`` slots, which covers every old layout until it is drained
 (slot counts are powers of two, so a smaller layout's slots are a prefix of a larger one's).
 
-Every function accepts ``client=`` (default: ``couponcenter.redis.get_redis()``), standalone or
-cluster.
+Every function accepts ``client=`` (default: the connection installed in ``connection``),
+standalone or cluster.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from couponcenter.redis import Client, get_redis
-
-from . import keys, scripts
+from . import connection, keys, scripts
+from .connection import Client
 from .keys import slot_for, slot_keys
 from .scripts import Claimed, NackResult, ReapResult
 
@@ -51,10 +50,6 @@ def epoch_ms(moment: datetime | None = None) -> int:
     return time.time_ns() // 1_000_000 if moment is None else int(moment.timestamp() * 1000)
 
 
-def _c(client: Client | None) -> Client:
-    return client if client is not None else get_redis()
-
-
 # --- producing -----------------------------------------------------------------------------------
 
 
@@ -62,7 +57,9 @@ def schedule(
     topic: str, job_id: str, due_ms: int, *, slot: int, client: Client | None = None
 ) -> bool:
     """Schedule (or move) one job; True if it was not in the store before."""
-    return scripts.enqueue(_c(client), slot_keys(topic, slot), [(due_ms, job_id)]) == 1
+    return (
+        scripts.enqueue(connection.client(client), slot_keys(topic, slot), [(due_ms, job_id)]) == 1
+    )
 
 
 def schedule_many(
@@ -90,20 +87,20 @@ def schedule_many(
             calls.append(scripts.enqueue_call(k, pairs[i : i + SCHEDULE_CHUNK], nx=nx))
     added = 0
     for i in range(0, len(calls), PIPELINE_CALLS):
-        added += sum(scripts.run_calls(_c(client), calls[i : i + PIPELINE_CALLS]))
+        added += sum(scripts.run_calls(connection.client(client), calls[i : i + PIPELINE_CALLS]))
     return added
 
 
 def cancel(topic: str, job_id: str, *, slot: int, client: Client | None = None) -> str | None:
     """Remove a job wherever it is in its slot; returns "store", "prepare", "dead" or None."""
-    return scripts.cancel(_c(client), slot_keys(topic, slot), job_id)
+    return scripts.cancel(connection.client(client), slot_keys(topic, slot), job_id)
 
 
 def cancel_many(
     topic: str, items: Iterable[tuple[str, int]], *, client: Client | None = None
 ) -> int:
     """Cancel (job_id, slot) pairs in pipelined batches; returns how many were found."""
-    client = _c(client)
+    client = connection.client(client)
     calls = [scripts.cancel_call(slot_keys(topic, slot), job_id) for job_id, slot in items]
     found = 0
     for i in range(0, len(calls), PIPELINE_CALLS * 16):
@@ -143,7 +140,7 @@ def claim(
     ``isolate_suspects``: a job the reaper brought back (its handler never answered) is claimed
     alone, and a batch stops before one (see ``claim_due.lua``).
     """
-    return scripts.claim_due(_c(client), slot_keys(topic, slot), token=lease_token,
+    return scripts.claim_due(connection.client(client), slot_keys(topic, slot), token=lease_token,
                              now_ms=now_ms, limit=limit, visibility_ms=visibility_ms,
                              with_due=with_due, isolate_suspects=isolate_suspects)  # fmt: skip
 
@@ -154,7 +151,9 @@ def ack(
     """Jobs done: drop them from prepare. Raises LeaseLost (then nothing is removed)."""
     if not job_ids:
         return 0
-    return scripts.ack(_c(client), slot_keys(topic, slot), token=lease_token, job_ids=job_ids)
+    return scripts.ack(
+        connection.client(client), slot_keys(topic, slot), token=lease_token, job_ids=job_ids
+    )
 
 
 def nack(
@@ -172,9 +171,11 @@ def nack(
     """(job_id, error) pairs failed: retry after backoff, or dead at ``max_attempts``."""
     if not failures:
         return NackResult(0, 0, 0)
-    return scripts.nack(_c(client), slot_keys(topic, slot), token=lease_token, now_ms=now_ms,
-                        failures=failures, max_attempts=max_attempts,
-                        backoff_base_ms=backoff_base_ms, backoff_cap_ms=backoff_cap_ms)  # fmt: skip
+    return scripts.nack(
+        connection.client(client), slot_keys(topic, slot), token=lease_token, now_ms=now_ms,
+        failures=failures, max_attempts=max_attempts,
+        backoff_base_ms=backoff_base_ms, backoff_cap_ms=backoff_cap_ms,
+    )  # fmt: skip
 
 
 def bury(
@@ -210,7 +211,7 @@ def ack_handed_many(
     calls = [scripts.ACK.call((k.prepare, k.meta, k.lease), (HANDED_TOKEN, *ids))
              for slot, ids in parts.items() if ids
              for k in (slot_keys(topic, slot),)]  # fmt: skip
-    return sum(int(n) for n in scripts.run_calls(_c(client), calls)) if calls else 0
+    return sum(int(n) for n in scripts.run_calls(connection.client(client), calls)) if calls else 0
 
 
 def nack_handed(
@@ -243,7 +244,9 @@ def reap(
     calls = [scripts.reap_call(slot_keys(topic, slot), now_ms=now_ms, limit=limit,
                                max_attempts=max_attempts, error="visibility timeout")
              for slot in slots]  # fmt: skip
-    results = [scripts.parse_reap(raw) for raw in scripts.run_calls(_c(client), calls)]
+    results = [
+        scripts.parse_reap(raw) for raw in scripts.run_calls(connection.client(client), calls)
+    ]
     return ReapResult(
         sum(r.retried for r in results),
         sum(r.dead for r in results),
@@ -259,7 +262,7 @@ def stats(
 ) -> list[SlotStats]:
     """Backlog figures for each slot, in one pipeline."""
     slots = list(slots)
-    pipe = scripts.pipeline(_c(client))
+    pipe = scripts.pipeline(connection.client(client))
     for slot in slots:
         k = slot_keys(topic, slot)
         pipe.zcard(k.store)
@@ -283,7 +286,7 @@ def heads(
     slots = list(slots)
     if not slots:
         return {}
-    pipe = scripts.pipeline(_c(client))
+    pipe = scripts.pipeline(connection.client(client))
     for slot in slots:
         pipe.zrange(slot_keys(topic, slot).store, 0, 0, withscores=True)
     return {
@@ -302,7 +305,7 @@ def list_dead(
     topic: str, slot: int, *, offset: int = 0, limit: int = 100, client: Client | None = None
 ) -> list[DeadEntry]:
     """Dead jobs of a slot, most recent first, with their attempts and last error."""
-    client = _c(client)
+    client = connection.client(client)
     k = slot_keys(topic, slot)
     rows = client.zrevrange(k.dead, offset, offset + max(limit, 1) - 1, withscores=True)
     if not rows:
@@ -329,7 +332,7 @@ def requeue_dead(
     client: Client | None = None,
 ) -> int:
     """Dead jobs (the given ids, else the ``limit`` oldest) back to store, due now."""
-    return scripts.requeue_dead(_c(client), slot_keys(topic, slot), now_ms=now_ms,
+    return scripts.requeue_dead(connection.client(client), slot_keys(topic, slot), now_ms=now_ms,
                                 limit=max(limit, len(job_ids)), job_ids=job_ids)  # fmt: skip
 
 
@@ -342,7 +345,7 @@ def purge_dead(
     client: Client | None = None,
 ) -> int:
     """Delete dead jobs (the given ids, else the ``limit`` oldest) for good."""
-    return scripts.purge_dead(_c(client), slot_keys(topic, slot),
+    return scripts.purge_dead(connection.client(client), slot_keys(topic, slot),
                               limit=max(limit, len(job_ids)), job_ids=job_ids)  # fmt: skip
 
 
@@ -351,7 +354,7 @@ def purge_dead(
 
 def record_layout(topic: str, slots: int, *, client: Client | None = None) -> None:
     """Note that ``topic`` uses ``slots`` slots (call whenever the configured count is seen)."""
-    _c(client).sadd(keys.layouts(topic), slots)
+    connection.client(client).sadd(keys.layouts(topic), slots)
 
 
 def record_layout_covering(
@@ -363,7 +366,7 @@ def record_layout_covering(
 
 
 def slot_layouts(topic: str, *, client: Client | None = None) -> list[int]:
-    return sorted(int(n) for n in _c(client).smembers(keys.layouts(topic)))
+    return sorted(int(n) for n in connection.client(client).smembers(keys.layouts(topic)))
 
 
 def served_slot_count(topic: str, current: int, *, client: Client | None = None) -> int:
@@ -373,7 +376,7 @@ def served_slot_count(topic: str, current: int, *, client: Client | None = None)
 
 def prune_layouts(topic: str, current: int, *, client: Client | None = None) -> list[int]:
     """Forget layouts other than ``current`` whose extra slots are all empty; returns those gone."""
-    client = _c(client)
+    client = connection.client(client)
     gone = []
     for n in slot_layouts(topic, client=client):
         if n == current:

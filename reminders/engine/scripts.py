@@ -20,8 +20,7 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import NoScriptError
 
-from couponcenter.redis import Client, is_cluster
-
+from .connection import Client, is_cluster
 from .keys import SlotKeys
 
 LUA_DIR = Path(__file__).parent / "lua"
@@ -66,9 +65,12 @@ class ReapResult:
 
 
 class LuaScript:
-    def __init__(self, name: str):
+    """One script file. ``directory`` is for scripts outside the engine (the benchmarks' raw
+    loop), which are loaded here too but are not among the production scripts (``ALL``)."""
+
+    def __init__(self, name: str, directory: Path = LUA_DIR):
         self.name = name
-        self.text = _INCLUDE.sub(_fragment, (LUA_DIR / f"{name}.lua").read_text())
+        self.text = _INCLUDE.sub(_fragment, (directory / f"{name}.lua").read_text())
         self.sha = hashlib.sha1(self.text.encode()).hexdigest()
 
     def __call__(self, client: Client, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -107,9 +109,8 @@ LEASE_RENEW = LuaScript("lease_renew")
 LEASE_RELEASE = LuaScript("lease_release")
 SINGLETON_HOLD = LuaScript("singleton_hold")
 WORKERS_PRUNE = LuaScript("workers_prune")
-BENCH_POP = LuaScript("bench_pop")
 ALL = (ENQUEUE, CANCEL, CLAIM_DUE, ACK, NACK, REAP, REQUEUE_DEAD, PURGE_DEAD, LEASE_ACQUIRE,
-       LEASE_RENEW, LEASE_RELEASE, SINGLETON_HOLD, WORKERS_PRUNE, BENCH_POP)  # fmt: skip
+       LEASE_RENEW, LEASE_RELEASE, SINGLETON_HOLD, WORKERS_PRUNE)  # fmt: skip
 
 
 def load_all(client: Client) -> None:
@@ -329,8 +330,3 @@ def singleton_hold(client: Client, key: str, *, token: str, ttl_ms: int) -> bool
 
 def workers_prune(client: Client, beats: str, info: str, *, cutoff_ms: int, limit: int) -> int:
     return int(WORKERS_PRUNE(client, (beats, info), (cutoff_ms, limit)))
-
-
-def bench_pop(client: Client, key: str, *, now_ms: int, limit: int) -> list[bytes]:
-    """The benchmarks' raw limit: pop up to ``limit`` due members, no two-phase bookkeeping."""
-    return BENCH_POP(client, (key,), (now_ms, limit))

@@ -14,7 +14,6 @@ from .timeouts import (
     TimeoutJobConflict,
     timeout_job_cancel,
     timeout_job_create,
-    timeout_jobs_handle,
     timeout_jobs_reindex,
 )
 
@@ -31,6 +30,5 @@ __all__ = [
     "subscriptions_reschedule_for_coupon",
     "timeout_job_cancel",
     "timeout_job_create",
-    "timeout_jobs_handle",
     "timeout_jobs_reindex",
 ]

@@ -32,10 +32,13 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from couponcenter.core.caching import TTLCache
 from couponcenter.models import Coupon
 from reminders import metrics
-from reminders.delivery import Gateway, InboxGateway, Message, gateway_for, raise_alert
+from reminders.alerts import raise_alert
 from reminders.engine import queue
+from reminders.gateways import Gateway, InboxGateway, Message, gateway_for
+from reminders.members import ReminderMember
 from reminders.models import ReminderSettings, ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
@@ -43,8 +46,6 @@ logger = logging.getLogger(__name__)
 Status = ReminderSubscription.Status
 TABLE = ReminderSubscription._meta.db_table
 COUPON_TTL_S = 5.0  # names and opening times in messages may lag an edit by this much
-
-_coupons: dict[int, tuple[float, tuple]] = {}
 
 
 @dataclass
@@ -107,7 +108,7 @@ def _claim_rows(sql_where: str, params: list, sub_ids: list[int], sets: str, set
 
 
 def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings) -> Report:
-    member_of = {int(m.partition(":")[0]): m for m in members}
+    member_of = {ReminderMember.sub_id_of(m): m for m in members}
     sub_ids = list(member_of)
     now = timezone.now()
     report = Report()
@@ -146,7 +147,7 @@ def _aware(value) -> datetime:
 def _deliver_external(
     gateway: Gateway, members: list[str], attempts: dict[str, int], live: ReminderSettings
 ) -> Report:
-    member_of = {int(m.partition(":")[0]): m for m in members}
+    member_of = {ReminderMember.sub_id_of(m): m for m in members}
     now = timezone.now()
     late = live.late_limit if live.late_policy == ReminderSettings.LatePolicy.DROP else None
     report, items, too_late = Report(), [], []
@@ -205,17 +206,24 @@ class CouponInfo:
 _UNKNOWN = CouponInfo("a coupon", "1 minute", {"id": None, "name": "a coupon"})
 
 
+_coupons: TTLCache[int, CouponInfo] = TTLCache(COUPON_TTL_S)
+
+
 def _coupon_info(coupon_ids: set[int]) -> dict[int, CouponInfo]:
     """Per coupon, from a short per-process cache (a hot coupon is in every batch)."""
-    now = time.monotonic()
-    missing = [c for c in coupon_ids if c not in _coupons or now - _coupons[c][0] > COUPON_TTL_S]
-    if missing:
-        for pk, name, opens_at, lead in Coupon.objects.filter(pk__in=missing).values_list(
+
+    def load(missing: set[int]) -> dict[int, CouponInfo]:
+        rows = Coupon.objects.filter(pk__in=missing).values_list(
             "pk", "name", "claim_opens_at", "reminder_lead"
-        ):
-            payload = {"id": pk, "name": name, "claim_opens_at": opens_at.isoformat()}
-            _coupons[pk] = (now, CouponInfo(name, _when(lead), payload))
-    return {c: _coupons[c][1] for c in coupon_ids if c in _coupons}
+        )
+        return {
+            pk: CouponInfo(
+                name, _when(lead), {"id": pk, "name": name, "claim_opens_at": opens_at.isoformat()}
+            )
+            for pk, name, opens_at, lead in rows
+        }
+
+    return _coupons.get_many(coupon_ids, load)
 
 
 def _when(lead: timedelta) -> str:
@@ -293,17 +301,18 @@ def reminders_retry(
 ) -> None:
     """Handed-on entries that failed ({slot: [(member, error)]}): back to their slots after the
     live backoff, or dead past the attempt limit."""
+    numbers = live.topic_settings()
     for slot, items in failures.items():
         queue.nack_handed(
-            topic, slot, items, now_ms=now_ms, max_attempts=live.max_attempts,
-            backoff_base_ms=live.backoff_ms, backoff_cap_ms=max(live.backoff_ms, 300_000),
+            topic, slot, items, now_ms=now_ms, max_attempts=numbers.max_attempts,
+            backoff_base_ms=numbers.backoff_base_ms, backoff_cap_ms=numbers.backoff_cap_ms,
         )  # fmt: skip
 
 
 def reminders_dead(topic: str, members: list[str]) -> int:
     """The reaper sent these entries to dead (every delivery attempt timed out): mark them
     ``failed`` and alert, as a delivery that failed its last attempt does."""
-    sub_ids = [int(m.partition(":")[0]) for m in members]
+    sub_ids = [ReminderMember.sub_id_of(m) for m in members]
     failed = ReminderSubscription.objects.filter(pk__in=sub_ids, status=Status.SCHEDULED).update(
         status=Status.FAILED, updated_at=timezone.now()
     )

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from reminders.models import ReminderSubscription, TimeoutJob
 
+from .subscriptions import subscriptions_reindex
 from .timeouts import timeout_jobs_reindex
 
 Progress = Callable[[str, int], None]
@@ -25,14 +26,11 @@ def queues_rebuild(
     *, due_before: datetime | None = None, progress: Progress | None = None
 ) -> dict[str, int]:
     """Idempotently re-index pending jobs and scheduled reminders; returns how many were added."""
-    from . import subscriptions
 
     def step(name: str) -> Callable[[int], None] | None:
         return None if progress is None else (lambda n: progress(name, n))
 
     return {
         "timeout jobs": timeout_jobs_reindex(due_before=due_before, progress=step("timeout jobs")),
-        "reminders": subscriptions.subscriptions_reindex(
-            due_before=due_before, progress=step("reminders")
-        ),
+        "reminders": subscriptions_reindex(due_before=due_before, progress=step("reminders")),
     }

@@ -17,13 +17,14 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from couponcenter.errors import BusinessError
+from couponcenter import rules
+from couponcenter.core.errors import BusinessError
 from couponcenter.models import Coupon
 from reminders.engine import queue
 from reminders.engine.keys import slot_for
+from reminders.members import REMINDER_TOPICS, member, reminder_topic_for
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
-from reminders.topics import REMINDER_TOPICS, reminder_topic_for
 
 REINDEX_CHUNK = 5000
 Status = ReminderSubscription.Status
@@ -33,27 +34,12 @@ class SubscribeRefused(BusinessError):
     """Codes: ``cancelled``, ``closed``, ``already_open``."""
 
 
-def member(sub_id: int, user_id: int, coupon_id: int) -> str:
-    return f"{sub_id}:{user_id}:{coupon_id}"
-
-
-def parse_member(value: str) -> tuple[int, int, int]:
-    sub_id, user_id, coupon_id = value.split(":")
-    return int(sub_id), int(user_id), int(coupon_id)
-
-
 def remind_at_for(coupon: Coupon) -> datetime:
     return coupon.claim_opens_at - coupon.reminder_lead
 
 
 def _refusal(coupon: Coupon, now: datetime) -> str | None:
-    if coupon.status == Coupon.Status.CANCELLED:
-        return "cancelled"
-    if coupon.claim_closes_at and now >= coupon.claim_closes_at:
-        return "closed"
-    if now >= coupon.claim_opens_at:
-        return "already_open"
-    return None
+    return rules.subscribe_refusal(now=now, **rules.fields_of(coupon))
 
 
 def _by_topic(rows, key: Callable) -> dict[str, list]:

@@ -1,4 +1,5 @@
-"""Generic timeout jobs (article 001's task table) on the engine.
+"""Generic timeout jobs (article 001's task table): create, cancel, re-index. Firing them is
+``reminders.handlers.timeout_jobs``.
 
 Invariants:
 - the ``TimeoutJob`` row is the truth; Redis is indexed only after the row commits
@@ -11,27 +12,19 @@ Invariants:
 
 from __future__ import annotations
 
-import json
-import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
-from couponcenter.errors import BusinessError
+from couponcenter.core.errors import BusinessError
 from reminders.engine import queue
 from reminders.engine.keys import slot_for
-from reminders.engine.scripts import Claimed
-from reminders.engine.topics import DROP, OK, Dead, Result, Retry
 from reminders.models import TimeoutJob
-from reminders.topics import TimeoutTopicSpec, timeout_topic_spec, timeout_topic_specs
-
-logger = logging.getLogger(__name__)
+from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
 
 REINDEX_CHUNK = 5000
 
@@ -123,132 +116,3 @@ def timeout_jobs_reindex(
         last_pk = chunk[-1][0]
         if progress is not None:
             progress(len(chunk))
-
-
-# --- firing ------------------------------------------------------------------------------------
-
-
-def timeout_jobs_handle(topic: str, entries: Sequence[Claimed]) -> dict[str, Result]:
-    """The engine handler of a generic topic: run each pending job's action once."""
-    spec = timeout_topic_spec(topic)
-    results: dict[str, Result] = {}
-    jobs = TimeoutJob.objects.in_bulk([int(e.job_id) for e in entries if e.job_id.isdigit()])
-    done: list[tuple[int, int]] = []
-    for entry in entries:
-        job = jobs.get(int(entry.job_id)) if entry.job_id.isdigit() else None
-        if job is None or job.status != TimeoutJob.Status.PENDING or spec is None:
-            results[entry.job_id] = DROP
-            continue
-        if not _still_pending(job):  # cancelled while earlier jobs of the batch ran
-            results[entry.job_id] = DROP
-            continue
-        try:
-            _run_action(spec, job)
-        except Exception as exc:  # noqa: BLE001 - any failure of the action is retried
-            results[entry.job_id] = _failed(spec, job, entry.attempt, exc)
-            continue
-        done.append((job.pk, entry.attempt))
-        results[entry.job_id] = OK
-    _mark_processed(done)
-    return results
-
-
-def _still_pending(job: TimeoutJob) -> bool:
-    return TimeoutJob.objects.filter(pk=job.pk, status=TimeoutJob.Status.PENDING).exists()
-
-
-def _mark_processed(done: Iterable[tuple[int, int]]) -> None:
-    """(job id, attempt) pairs fired: one UPDATE per attempt count (nearly always just one).
-
-    The attempt is the engine's delivery count, so a job redelivered after a reap says so.
-    """
-    by_attempt: dict[int, list[int]] = {}
-    for pk, attempt in done:
-        by_attempt.setdefault(attempt, []).append(pk)
-    for attempt, job_ids in by_attempt.items():
-        TimeoutJob.objects.filter(pk__in=job_ids, status=TimeoutJob.Status.PENDING).update(
-            status=TimeoutJob.Status.PROCESSED, attempts=attempt, gmt_modified=timezone.now()
-        )
-
-
-def _failed(spec: TimeoutTopicSpec, job: TimeoutJob, attempt: int, exc: Exception) -> Result:
-    error = f"{exc.__class__.__name__}: {exc}"[:500]
-    dead = attempt >= spec.max_attempts
-    TimeoutJob.objects.filter(pk=job.pk, status=TimeoutJob.Status.PENDING).update(
-        attempts=attempt,
-        last_error=error,
-        status=TimeoutJob.Status.DEAD if dead else TimeoutJob.Status.PENDING,
-        gmt_modified=timezone.now(),
-    )
-    logger.warning(
-        "timeout job failed",
-        extra={
-            "topic": spec.name,
-            "job_id": job.pk,
-            "attempt": attempt,
-            "error": error,
-            "dead": dead,
-        },
-    )
-    return Dead(error) if dead else Retry(error)
-
-
-def job_payload(job: TimeoutJob) -> dict[str, Any]:
-    return {
-        "job_id": job.pk,
-        "topic": job.topic,
-        "biz_type": job.biz_type,
-        "biz_id": job.biz_id,
-        "action_time": job.action_time.isoformat(),
-        "attribute": job.attribute,
-    }
-
-
-def _run_action(spec: TimeoutTopicSpec, job: TimeoutJob) -> None:
-    if spec.type == "log":
-        logger.info("timeout fired", extra=job_payload(job))
-    elif spec.type == "callable":
-        import_string(spec.path)(job)
-    elif spec.type == "celery":
-        from couponcenter.celery import app
-
-        # A signature of a task this process knows honours task_always_eager; send_task never does.
-        app.signature(spec.task, kwargs={"job": job_payload(job)}).apply_async()
-    elif spec.type == "http":
-        _post_signed(spec, job)
-
-
-def _post_signed(spec: TimeoutTopicSpec, job: TimeoutJob) -> None:
-    import requests
-
-    from reminders.delivery import sign as sign_body
-
-    if spec.url.startswith("http://") and not settings.WEBHOOK_ALLOW_HTTP:
-        raise ValueError(f"plain-HTTP target refused: {spec.url} (set WEBHOOK_ALLOW_HTTP=1)")
-    body = json.dumps(job_payload(job), sort_keys=True).encode()
-    response = requests.post(
-        spec.url,
-        data=body,
-        timeout=settings.WEBHOOK_TIMEOUT_S,
-        headers={
-            "Content-Type": "application/json",
-            "Idempotency-Key": f"{job.topic}:{job.pk}",
-            "X-Coupon-Center-Signature": f"sha256={sign_body(spec.secret, body)}",
-        },
-    )
-    response.raise_for_status()
-
-
-def timeout_jobs_dead(topic: str, job_ids: list[str]) -> int:
-    """The reaper sent these jobs to dead (their handler never finished): mark them DEAD."""
-    from reminders.delivery import raise_alert
-
-    ids = [int(j) for j in job_ids if j.isdigit()]
-    dead = TimeoutJob.objects.filter(pk__in=ids, status=TimeoutJob.Status.PENDING).update(
-        status=TimeoutJob.Status.DEAD, last_error="visibility timeout", gmt_modified=timezone.now()
-    )
-    raise_alert(
-        title=f"{len(job_ids)} timeout jobs dead: their handler never finished",
-        details={"topic": topic, "jobs": ids[:20], "error": "visibility timeout"},
-    )
-    return dead

@@ -28,7 +28,7 @@ from tests.e2e.conftest import (  # noqa: F401  (fixtures shared with the e2e te
     stack,
     wait_for,
 )
-from tests.factories import CouponFactory
+from tests.support.factories import CouponFactory
 
 Status = ReminderSubscription.Status
 LEAD = timedelta(seconds=60)

@@ -22,7 +22,7 @@ from expiry import selectors
 from expiry import services as expiry_services
 from expiry.models import ExpiryTask
 from tests.chaos.conftest import wait_for
-from tests.factories import CouponFactory
+from tests.support.factories import CouponFactory
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -31,7 +31,7 @@ from tests.chaos.conftest import (
     wait_for,
 )
 from tests.chaos.faults import free_port
-from tests.factories import CouponFactory, api_user
+from tests.support.factories import CouponFactory, api_user
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from rest_framework.test import APIClient
 
-from tests.factories import api_user
+from tests.support.factories import api_user
 
 # Random start: the throttle counters live in the shared cache and outlive a test run.
 _addresses = itertools.count(random.randrange(1, 2**24 - 100_000))

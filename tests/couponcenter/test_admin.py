@@ -13,7 +13,7 @@ from couponcenter import services
 from couponcenter.models import Account, Coupon, UserCoupon
 from reminders.models import ReminderSubscription
 from reminders.services import subscription_subscribe
-from tests.factories import CouponFactory, UserFactory
+from tests.support.factories import CouponFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 

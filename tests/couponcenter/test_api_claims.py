@@ -10,7 +10,7 @@ from django.utils import timezone
 from couponcenter import services
 from couponcenter.models import Coupon, UserCoupon
 from expiry.models import ExpiryTask
-from tests.factories import CouponFactory, UserCouponFactory
+from tests.support.factories import CouponFactory, UserCouponFactory
 
 pytestmark = pytest.mark.django_db
 

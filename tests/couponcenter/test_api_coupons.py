@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from couponcenter import services
 from couponcenter.models import Coupon
-from tests.factories import CouponFactory
+from tests.support.factories import CouponFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -15,7 +15,7 @@ from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from tests.factories import CouponFactory, api_user
+from tests.support.factories import CouponFactory, api_user
 
 schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application())
 coupon_operations = schema.include(path_regex=r"^/api/(coupons|users/\{user_id\}/coupons)")

@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import (
 
 from couponcenter import services
 from reminders.services import subscription_subscribe, timeout_job_create
-from tests.factories import CouponFactory, api_user
+from tests.support.factories import CouponFactory, api_user
 
 schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application())
 # Valid requests only: the schema-conformance checks judge what a correct client can get back

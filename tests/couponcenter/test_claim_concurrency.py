@@ -16,10 +16,10 @@ import pytest
 from django.db import connection, connections
 
 from couponcenter import services
-from couponcenter.errors import ClaimRefused
 from couponcenter.models import Coupon, UserCoupon
+from couponcenter.rules import ClaimRefused
 from expiry.models import ExpiryTask
-from tests.factories import CouponFactory
+from tests.support.factories import CouponFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -16,7 +16,7 @@ from couponcenter.api import claims as claims_api
 from couponcenter.api.claims import UserCouponOutputSerializer, user_coupon_data
 from couponcenter.models import UserCoupon
 from tests.couponcenter.conftest import client_with
-from tests.factories import CouponFactory, UserCouponFactory, api_user
+from tests.support.factories import CouponFactory, UserCouponFactory, api_user
 
 pytestmark = pytest.mark.django_db
 

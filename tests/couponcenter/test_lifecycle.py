@@ -26,7 +26,7 @@ from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from couponcenter.bench_http import database_url, free_port
+from couponcenter.bench.http import database_url, free_port
 from reminders.engine import topics as engine_topics
 from reminders.models import TimeoutJob
 from reminders.services import timeout_job_create
@@ -109,7 +109,7 @@ def http_get(url: str, timeout: float = 10) -> tuple[int, bytes]:
 def test_gunicorn_finishes_requests_in_flight_on_sigterm(env, spawn):
     port = free_port()
     proc = spawn(
-        [sys.executable, "-m", "gunicorn", "tests.couponcenter.lifecycle_app",
+        [sys.executable, "-m", "gunicorn", "tests.support.lifecycle_app",
          "-c", "gunicorn.conf.py"],
         {**env, "GUNICORN_BIND": f"127.0.0.1:{port}", "WEB_CONCURRENCY": "2",
          "GUNICORN_GRACEFUL_TIMEOUT": "10"},
@@ -133,7 +133,7 @@ def test_gunicorn_finishes_requests_in_flight_on_sigterm(env, spawn):
 def test_gunicorn_kills_a_request_past_the_graceful_timeout(env, spawn):
     port = free_port()
     proc = spawn(
-        [sys.executable, "-m", "gunicorn", "tests.couponcenter.lifecycle_app",
+        [sys.executable, "-m", "gunicorn", "tests.support.lifecycle_app",
          "-c", "gunicorn.conf.py"],
         {**env, "GUNICORN_BIND": f"127.0.0.1:{port}", "WEB_CONCURRENCY": "1",
          "GUNICORN_GRACEFUL_TIMEOUT": "2"},
@@ -168,7 +168,7 @@ def start_celery(spawn, env: dict[str, str], queue: str) -> subprocess.Popen:
     proc = spawn(
         [sys.executable, "-m", "celery", "-A", "couponcenter", "worker", "--pool", "prefork",
          "--concurrency", "1", "-Q", queue, "-n", f"{queue}@%h", "--include",
-         "tests.couponcenter.lifecycle_tasks", "--without-gossip", "--without-mingle",
+         "tests.support.lifecycle_tasks", "--without-gossip", "--without-mingle",
          "--without-heartbeat", "--loglevel", "INFO"],
         env,
     )  # fmt: skip
@@ -216,7 +216,7 @@ def test_celery_children_export_metrics_in_multiprocess_mode(
 # --- the reminder worker with a batch in flight --------------------------------------------------
 
 SLEEPY = {"t.lifecycle": {"type": "callable", "slots": 1, "visibility_ms": 30_000,
-                          "path": "tests.couponcenter.lifecycle_tasks.sleepy_action"}}  # fmt: skip
+                          "path": "tests.support.lifecycle_tasks.sleepy_action"}}  # fmt: skip
 
 
 def test_reminder_worker_finishes_the_batch_in_flight_on_sigterm(env, spawn, settings):

@@ -21,7 +21,7 @@ from drf_spectacular.generators import SchemaGenerator
 from couponcenter import services
 from reminders.services import timeout_job_create
 from tests.couponcenter.conftest import client_with
-from tests.factories import CouponFactory, api_user
+from tests.support.factories import CouponFactory, api_user
 
 pytestmark = pytest.mark.django_db
 

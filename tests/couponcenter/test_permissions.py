@@ -12,7 +12,7 @@ from drf_spectacular.validation import validate_schema
 from couponcenter import services
 from couponcenter.models import Coupon, UserCoupon
 from tests.couponcenter.conftest import client_with
-from tests.factories import CouponFactory, UserFactory
+from tests.support.factories import CouponFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 

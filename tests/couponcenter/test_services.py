@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import types
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,13 +10,13 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from couponcenter import services
-from couponcenter.errors import ClaimRefused, CouponStateError, RedeemRefused
+from couponcenter import services, signals
 from couponcenter.models import Coupon, UserCoupon
+from couponcenter.rules import ClaimRefused, CouponStateError, RedeemRefused
 from expiry.models import ExpiryTask
 from reminders.models import ReminderSubscription
 from reminders.services import subscription_subscribe
-from tests.factories import CouponFactory, UserCouponFactory
+from tests.support.factories import CouponFactory, UserCouponFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -164,17 +163,18 @@ def test_reminder_hooks_tolerate_a_missing_reminders_services_module(monkeypatch
     assert services.coupon_cancel(coupon=coupon).status == Coupon.Status.CANCELLED
 
 
-def test_reminder_hook_errors_are_not_swallowed(monkeypatch):
-    def broken(*, coupon):
+def test_reminder_hook_errors_are_not_swallowed():
+    def broken(sender, *, coupon, **kwargs):
         raise RuntimeError("hook failed")
 
-    module = types.ModuleType("reminders.services")
-    module.subscriptions_cancel_for_coupon = broken
-    monkeypatch.setitem(sys.modules, "reminders.services", module)
-    coupon = CouponFactory()
-    with pytest.raises(RuntimeError):
-        services.coupon_cancel(coupon=coupon)
-    # The cancel rolled back with the failed hook.
+    signals.coupon_cancelled.connect(broken, dispatch_uid="test.broken")
+    try:
+        coupon = CouponFactory()
+        with pytest.raises(RuntimeError):
+            services.coupon_cancel(coupon=coupon)
+    finally:
+        signals.coupon_cancelled.disconnect(dispatch_uid="test.broken")
+    # The cancel rolled back with the failed receiver.
     assert Coupon.objects.get(pk=coupon.pk).status == Coupon.Status.ACTIVE
 
 

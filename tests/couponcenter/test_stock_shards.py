@@ -15,11 +15,11 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from couponcenter import selectors, services
-from couponcenter.errors import ClaimRefused
 from couponcenter.models import Coupon, CouponStockShard, UserCoupon
+from couponcenter.rules import ClaimRefused
 from expiry.models import ExpiryTask
 from tests.couponcenter.test_claim_concurrency import free_connections
-from tests.factories import CouponFactory
+from tests.support.factories import CouponFactory
 
 
 def coupon_fields(**overrides) -> dict:

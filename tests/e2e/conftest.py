@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from couponcenter.bench_http import database_url
-from couponcenter.redis import build_client
+from couponcenter.bench.http import database_url
+from couponcenter.core.redis import build_client
 from reminders.engine import leases
 
 READY_TIMEOUT_S = 60
@@ -297,7 +297,7 @@ def receiver_factory():
 def backlog() -> dict[str, int]:
     """Entries left in Redis over both reminder topics and every slot layout in use."""
     from reminders.engine import queue
-    from reminders.topics import REMINDER_TOPICS
+    from reminders.members import REMINDER_TOPICS
 
     totals = {"store": 0, "prepare": 0, "dead": 0}
     for topic in REMINDER_TOPICS:
@@ -311,7 +311,7 @@ def backlog() -> dict[str, int]:
 
 def dead_members() -> set[str]:
     from reminders.engine import queue
-    from reminders.topics import REMINDER_TOPICS
+    from reminders.members import REMINDER_TOPICS
 
     return {
         d.job_id

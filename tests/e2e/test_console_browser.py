@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from reminders.members import REMINDER_TOPIC
 from reminders.models import ReminderSettings
-from reminders.topics import REMINDER_TOPIC
-from tests.console_support import dead_members, kill_reminders, member, overdue_reminders
 from tests.e2e.conftest import wait_for
-from tests.factories import UserFactory
+from tests.support.console import dead_members, kill_reminders, member, overdue_reminders
+from tests.support.factories import UserFactory
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(settings.BASE_DIR) / "test-artifacts"

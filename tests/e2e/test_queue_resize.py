@@ -11,13 +11,13 @@ import pytest
 from django.utils import timezone
 
 from couponcenter import services as coupon_services
-from couponcenter.redis import get_redis
+from couponcenter.core.redis import get_redis
 from reminders.engine import keys, queue
+from reminders.members import REMINDER_TOPIC
 from reminders.models import Notification, ReminderSubscription
 from reminders.services import subscription_subscribe, subscription_unsubscribe
-from reminders.topics import REMINDER_TOPIC
 from tests.e2e.conftest import backlog, wait_for
-from tests.factories import CouponFactory
+from tests.support.factories import CouponFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

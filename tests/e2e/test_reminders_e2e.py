@@ -12,10 +12,10 @@ from rest_framework.test import APIClient
 
 from couponcenter import services as coupon_services
 from reminders.engine import keys
+from reminders.members import REMINDER_TOPIC
 from reminders.models import Notification, ReminderSubscription
-from reminders.topics import REMINDER_TOPIC
 from tests.e2e.conftest import backlog, wait_for
-from tests.factories import CouponFactory, api_user
+from tests.support.factories import CouponFactory, api_user
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -71,7 +71,7 @@ def test_every_subscriber_is_reminded_once_on_time(stack, reminder_settings):
     leaver_sub = ReminderSubscription.objects.get(user_id=leaver, coupon=coupon)
     store = keys.slot_keys(REMINDER_TOPIC, leaver_sub.slot).store
     member = f"{leaver_sub.pk}:{leaver}:{coupon.pk}"
-    from couponcenter.redis import get_redis
+    from couponcenter.core.redis import get_redis
 
     assert get_redis().zscore(store, member) is not None
     assert client.delete(f"/api/users/{leaver}/reminders/{coupon.pk}/").status_code == 204

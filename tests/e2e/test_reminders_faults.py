@@ -18,7 +18,7 @@ from reminders.engine.keys import slot_for
 from reminders.models import Notification, ReminderSubscription
 from reminders.services import subscription_subscribe, subscriptions_reindex
 from tests.e2e.conftest import backlog, dead_members, wait_for
-from tests.factories import CouponFactory
+from tests.support.factories import CouponFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

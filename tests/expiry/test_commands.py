@@ -10,9 +10,9 @@ from django.utils import timezone
 
 from couponcenter.models import Coupon, UserCoupon
 from expiry import services
-from expiry.bench import BENCH_COUPON_NAME
+from expiry.bench.sweep import BENCH_COUPON_NAME
 from expiry.models import ExpiryTask
-from tests.factories import ExpiryTaskFactory, UserCouponFactory
+from tests.support.factories import ExpiryTaskFactory, UserCouponFactory
 
 
 @pytest.fixture(autouse=True)

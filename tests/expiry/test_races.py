@@ -13,13 +13,13 @@ import pytest
 from django.db import OperationalError, connection
 from django.utils import timezone
 
-from couponcenter.errors import RedeemRefused
 from couponcenter.models import UserCoupon
+from couponcenter.rules import RedeemRefused
 from couponcenter.services import coupon_redeem
 from expiry import services
-from expiry.bench import BENCH_NOW, bench_data_load
+from expiry.bench.sweep import BENCH_NOW, bench_data_load
 from expiry.models import ExpiryTask
-from tests.factories import CouponFactory
+from tests.support.factories import CouponFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -3,12 +3,13 @@
 from datetime import timedelta
 
 import pytest
+from django.db.models import F
 from django.utils import timezone
 
 from couponcenter.models import UserCoupon
 from expiry import selectors, services
 from expiry.models import ExpirySettings, ExpiryTask
-from tests.factories import ExpiryTaskFactory, UserCouponFactory
+from tests.support.factories import ExpiryTaskFactory, UserCouponFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -158,9 +159,7 @@ def test_settings_get_creates_one_row_and_sees_changes():
     assert (config.batch_size, config.interval) == (2000, timedelta(seconds=60))
     assert services.expiry_settings_get().pk == config.pk  # cached
 
-    ExpirySettings.objects.filter(pk=config.pk).update(
-        batch_size=7, updated_at=timezone.now() + timedelta(seconds=1)
-    )
+    ExpirySettings.objects.filter(pk=config.pk).update(batch_size=7, version=F("version") + 1)
     assert services.expiry_settings_get(max_age=0).batch_size == 7
     assert ExpirySettings.objects.count() == 1
 

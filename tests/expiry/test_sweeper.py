@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 from django.conf import settings as django_settings
 from django.db import connection
+from django.db.models import F
 from django.utils import timezone
 
 from couponcenter.models import UserCoupon
 from expiry import selectors, services
-from expiry.bench import BENCH_NOW, bench_data_load
+from expiry.bench.sweep import BENCH_NOW, bench_data_load
 from expiry.models import ExpirySettings, ExpiryTask
 from expiry.sweeper import Sweeper
-from tests.factories import CouponFactory, ExpiryTaskFactory, UserCouponFactory
+from tests.support.factories import CouponFactory, ExpiryTaskFactory, UserCouponFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,7 +104,7 @@ def test_each_pass_reads_the_live_settings():
 
     assert sweeper.run_once().totals.batches == 2  # 3 + 1
 
-    ExpirySettings.objects.update(batch_size=1, updated_at=timezone.now() + timedelta(seconds=1))
+    ExpirySettings.objects.update(batch_size=1, version=F("version") + 1)
     due_tasks(2)
     assert sweeper.run_once().totals.batches == 3  # 1 + 1 + empty
 

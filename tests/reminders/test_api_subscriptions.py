@@ -6,11 +6,11 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from couponcenter.redis import get_redis
+from couponcenter.core.redis import get_redis
 from reminders.engine import keys, queue
+from reminders.members import REMINDER_TOPIC
 from reminders.models import ReminderSubscription
-from reminders.topics import REMINDER_TOPIC
-from tests.factories import CouponFactory, api_user
+from tests.support.factories import CouponFactory, api_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,16 +10,16 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from couponcenter.redis import get_redis, is_cluster
+from couponcenter.core.redis import get_redis, is_cluster
 from reminders.engine import keys, queue
+from reminders.members import REMINDER_TOPIC
 from reminders.models import Notification, ReminderSubscription, TimeoutJob
+from reminders.runtime.worker import build_worker
 from reminders.services import subscription_subscribe, timeout_job_cancel
-from reminders.topics import REMINDER_TOPIC
-from reminders.worker import build_worker
 from tests.conftest import delete_keys
-from tests.factories import CouponFactory
 from tests.reminders import test_timeouts_handlers as handlers
 from tests.reminders.engine import conftest as engine_conftest
+from tests.support.factories import CouponFactory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.cluster]
 

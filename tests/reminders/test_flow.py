@@ -7,11 +7,11 @@ from django.utils import timezone
 
 from couponcenter import services as coupon_services
 from reminders.engine import queue
+from reminders.members import REMINDER_TOPIC
 from reminders.models import Notification, ReminderSubscription
+from reminders.runtime.worker import build_worker
 from reminders.services import subscription_subscribe, subscription_unsubscribe
-from reminders.topics import REMINDER_TOPIC
-from reminders.worker import build_worker
-from tests.factories import CouponFactory
+from tests.support.factories import CouponFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -116,7 +116,7 @@ def test_reaped_dead_reminders_are_marked_failed_and_alerted(reminder_settings, 
 
     coupon = _coupon(3600)
     sub, _ = subscription_subscribe(user_id=30, coupon=coupon)
-    with caplog.at_level("ERROR", logger="reminders.delivery"):
+    with caplog.at_level("ERROR", logger="reminders.gateways"):
         assert reminders_dead(REMINDER_TOPIC, [f"{sub.pk}:30:{coupon.pk}"]) == 1
     sub.refresh_from_db()
     assert sub.status == ReminderSubscription.Status.FAILED

@@ -13,14 +13,14 @@ import pytest
 from django.utils import timezone
 
 from couponcenter.celery import app as celery_app
-from couponcenter.redis import broker_client
+from couponcenter.core.redis import broker_client
 from reminders.engine import queue
+from reminders.members import REMINDER_TOPIC
 from reminders.models import Notification, ReminderSubscription
+from reminders.runtime.worker import build_worker
 from reminders.services import subscription_subscribe
 from reminders.services.delivery import reminders_deliver
-from reminders.topics import REMINDER_TOPIC
-from reminders.worker import build_worker
-from tests.factories import CouponFactory
+from tests.support.factories import CouponFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,11 +6,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from reminders.members import REMINDER_TOPIC, REMINDER_TOPIC_HIGH
 from reminders.models import Notification
+from reminders.runtime.worker import build_worker
 from reminders.services import subscription_subscribe
-from reminders.topics import REMINDER_TOPIC, REMINDER_TOPIC_HIGH
-from reminders.worker import build_worker
-from tests.factories import CouponFactory
+from tests.support.factories import CouponFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,13 +15,13 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from reminders.engine import keys, queue, scripts
+from reminders.members import REMINDER_TOPIC
 from reminders.models import Notification, ReminderSubscription, TimeoutJob
+from reminders.runtime.worker import Reconciler, build_worker
 from reminders.services import subscription_subscribe, timeout_job_cancel
-from reminders.topics import REMINDER_TOPIC
-from reminders.worker import Reconciler, build_worker
 from tests.conftest import delete_keys
-from tests.factories import CouponFactory
 from tests.reminders import test_timeouts_handlers as handlers
+from tests.support.factories import CouponFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from reminders.engine import queue
 from reminders.engine.keys import slot_for
 from reminders.models import TimeoutJob
-from tests.factories import api_user
+from tests.support.factories import api_user
 
 pytestmark = pytest.mark.django_db
 

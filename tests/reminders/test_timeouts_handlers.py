@@ -21,8 +21,8 @@ from django.utils import timezone
 from reminders.engine import queue
 from reminders.engine import topics as engine_topics
 from reminders.models import TimeoutJob
+from reminders.runtime.worker import build_worker
 from reminders.services import timeout_job_cancel, timeout_job_create
-from reminders.worker import build_worker
 
 pytestmark = pytest.mark.django_db
 

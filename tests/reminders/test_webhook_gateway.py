@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from reminders.delivery import WebhookGateway
+from reminders.gateways import WebhookGateway
 
 SECRET = "webhook-secret"
 
@@ -50,7 +50,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 def messages(n: int):
-    from reminders.delivery import Message
+    from reminders.gateways import Message
 
     fields = Message.__dataclass_fields__
     out = []

@@ -2,7 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from couponcenter import bench_http
+from couponcenter.bench import http as bench_http
 
 
 class Command(BaseCommand):

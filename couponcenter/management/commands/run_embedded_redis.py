@@ -3,7 +3,7 @@ import os
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from couponcenter.redis import embedded_server_args, stop_embedded_server
+from couponcenter.core.redis import embedded_server_args, stop_embedded_server
 
 
 class Command(BaseCommand):

@@ -5,7 +5,7 @@ import json
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from expiry.bench import run_bench
+from expiry.bench.sweep import run_bench
 
 
 class Command(BaseCommand):

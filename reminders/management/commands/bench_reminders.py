@@ -3,7 +3,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
-from reminders import bench
+from reminders.bench import end_to_end as bench
 
 
 class Command(BaseCommand):

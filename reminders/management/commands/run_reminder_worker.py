@@ -2,7 +2,7 @@ import logging
 
 from django.core.management.base import BaseCommand, CommandError
 
-from reminders.worker import build_worker
+from reminders.runtime.worker import build_worker
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from couponcenter.redis import get_redis
+from couponcenter.core.redis import get_redis
 from reminders.engine import queue, scripts
 from reminders.engine.dispatcher import wall_ms
 from reminders.engine.keys import slot_keys

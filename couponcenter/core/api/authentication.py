@@ -1,0 +1,109 @@
+"""Token authentication that also answers the permission questions of the request, in one query.
+
+Every API call asks who the caller is and whom it may act for: with DRF's ``TokenAuthentication``
+and Django's ``has_perm`` that is three queries (token + user, user permissions, group
+permissions) plus one for the linked end user, and on the claim endpoint those are most of the
+request's cost. Here one query reads the token's user, whether it holds
+``couponcenter.act_for_any_user`` (directly or through a group) and its linked end user id; the
+answers stay on the user object for ``permissions.can_act_for`` and ``account_end_user_id``.
+The SQL is raw because the ORM spends longer compiling that query than the database running it.
+
+The answer is then kept in the process for ``AUTH_TOKEN_CACHE_SECONDS`` (a copy of the user per
+request), so a service account claiming thousands of times a second costs one query per process
+and interval, not one per claim; a deleted token, a deactivated user or a changed permission takes
+effect within that interval.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+
+from django.apps import apps
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.contrib.contenttypes.models import ContentType
+from django.db import connection
+from rest_framework import authentication, exceptions
+from rest_framework.authtoken.models import Token
+
+from couponcenter.core.caching import TTLCache
+
+ACT_FOR_ANY_USER = ("couponcenter", "act_for_any_user")
+# key -> (user, token); the TTL is read at each lookup so a test or an operator may change it.
+_cached: TTLCache[str, tuple[object, Token]] = TTLCache(lambda: settings.AUTH_TOKEN_CACHE_SECONDS)
+
+
+def account_model():
+    """The model linking an API account to its end user (``settings.API_ACCOUNT_MODEL``, as
+    Django's ``AUTH_USER_MODEL``): the kernel authenticates callers without importing the domain."""
+    return apps.get_model(settings.API_ACCOUNT_MODEL)
+
+
+def token_cache_clear() -> None:
+    _cached.clear()
+
+
+@cache
+def _user_sql(vendor: str) -> str:
+    q = connection.ops.quote_name
+    user = get_user_model()
+    name = user._meta.model_name
+    user_perms = user.user_permissions.through._meta
+    user_groups = user.groups.through._meta
+    group_perms = Group.permissions.through._meta
+
+    def col(meta, field: str) -> str:
+        return q(meta.get_field(field).column)
+
+    perm_match = (
+        f"JOIN {q(Permission._meta.db_table)} p ON p.id = {{link}} "
+        f"JOIN {q(ContentType._meta.db_table)} ct ON ct.id = p.content_type_id "
+        "WHERE p.codename = %(codename)s AND ct.app_label = %(app_label)s"
+    )
+    direct = (
+        f"SELECT 1 FROM {q(user_perms.db_table)} up "
+        + perm_match.format(link=f"up.{col(user_perms, 'permission')}")
+        + f" AND up.{col(user_perms, name)} = u.id"
+    )
+    via_group = (
+        f"SELECT 1 FROM {q(user_groups.db_table)} ug JOIN {q(group_perms.db_table)} gp "
+        f"ON gp.{col(group_perms, 'group')} = ug.{col(user_groups, 'group')} "
+        + perm_match.format(link=f"gp.{col(group_perms, 'permission')}")
+        + f" AND ug.{col(user_groups, name)} = u.id"
+    )
+    account = account_model()._meta
+    return (
+        f"SELECT u.*, (EXISTS ({direct}) OR EXISTS ({via_group})) AS cc_act_for_any, "
+        f"(SELECT a.{col(account, 'end_user_id')} FROM {q(account.db_table)} a "
+        f"WHERE a.{col(account, 'user')} = u.id) AS cc_end_user, t.created AS cc_token_created "
+        f"FROM {q(user._meta.db_table)} u JOIN {q(Token._meta.db_table)} t "
+        f"ON t.{col(Token._meta, 'user')} = u.id WHERE t.{q('key')} = %(key)s"
+    )
+
+
+class TokenAuthentication(authentication.TokenAuthentication):
+    def authenticate_credentials(self, key: str):
+        if settings.AUTH_TOKEN_CACHE_SECONDS <= 0:
+            return self._lookup(key)
+        cached_user, cached_token = _cached.get(key, lambda: self._lookup(key))
+        # A copy per request: a view may set attributes on request.user.
+        user = copy.copy(cached_user)
+        token = Token(key=key, user=user, created=cached_token.created)
+        token._state.adding = False
+        return user, token
+
+    def _lookup(self, key: str):
+        params = {"key": key, "app_label": ACT_FOR_ANY_USER[0], "codename": ACT_FOR_ANY_USER[1]}
+        users = list(get_user_model().objects.raw(_user_sql(connection.vendor), params))
+        if not users:
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        user = users[0]
+        if not user.is_active:
+            raise exceptions.AuthenticationFailed("User inactive or deleted.")
+        user._act_for_any_user_cache = bool(user.is_superuser or user.cc_act_for_any)
+        user._end_user_id_cache = user.cc_end_user
+        token = Token(key=key, user=user, created=user.cc_token_created)
+        token._state.adding = False
+        return user, token

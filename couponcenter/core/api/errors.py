@@ -1,0 +1,82 @@
+"""One error shape for the whole API.
+
+- 400 ``{"errors": {field: [messages]}}`` for bad input: DRF and Django validation errors alike, and
+  a body that is not valid JSON (under ``non_field_errors``);
+- 409 ``{"code": "<reason>", "detail": "..."}`` for business refusals;
+- 401/403/404/405/415/429 ``{"detail": "..."}``: DRF's own shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import NON_FIELD_ERRORS
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import OpenApiResponse, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.exceptions import ParseError, ValidationError
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from couponcenter.core.errors import BusinessError
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, BusinessError):
+        return Response({"code": exc.code, "detail": exc.message}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, DjangoValidationError):
+        exc = ValidationError(_django_errors(exc))
+    elif isinstance(exc, ParseError):
+        exc = ValidationError({api_settings.NON_FIELD_ERRORS_KEY: [str(exc.detail)]})
+    response = drf_exception_handler(exc, context)
+    if response is not None and isinstance(exc, ValidationError):
+        data = response.data
+        if not isinstance(data, dict):
+            data = {api_settings.NON_FIELD_ERRORS_KEY: data}
+        response.data = {"errors": data}
+    return response
+
+
+def _django_errors(exc: DjangoValidationError) -> dict[str, list[str]]:
+    if not hasattr(exc, "error_dict"):
+        return {api_settings.NON_FIELD_ERRORS_KEY: exc.messages}
+    errors = exc.message_dict
+    if NON_FIELD_ERRORS in errors:
+        errors[api_settings.NON_FIELD_ERRORS_KEY] = errors.pop(NON_FIELD_ERRORS)
+    return errors
+
+
+# --- Shapes for the OpenAPI schema ----------------------------------------------------------------
+
+
+class ValidationErrorSerializer(serializers.Serializer):
+    errors = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        help_text="Messages per input field; `non_field_errors` for the body as a whole.",
+    )
+
+
+class DetailErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+
+
+def conflict_serializer(name: str, codes: list[str]) -> serializers.Serializer:
+    """The 409 body of one operation, with its reason codes as an enum."""
+    return inline_serializer(
+        name=name,
+        fields={"code": serializers.ChoiceField(choices=codes), "detail": serializers.CharField()},
+    )
+
+
+BAD_REQUEST = OpenApiResponse(ValidationErrorSerializer, description="Bad input: field errors.")
+UNAUTHENTICATED = OpenApiResponse(DetailErrorSerializer, description="No or invalid token.")
+FORBIDDEN = OpenApiResponse(DetailErrorSerializer, description="Not allowed for this caller.")
+NOT_FOUND = OpenApiResponse(DetailErrorSerializer, description="No such object (or page).")
+THROTTLED = OpenApiResponse(DetailErrorSerializer, description="Too many requests: slow down.")
+
+
+def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
+    """The standard error responses for ``extend_schema(responses=...)``; 401 always."""
+    table = {400: BAD_REQUEST, 403: FORBIDDEN, 404: NOT_FOUND, 429: THROTTLED}
+    return {401: UNAUTHENTICATED, **{code: table[code] for code in codes}}

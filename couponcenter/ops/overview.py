@@ -1,0 +1,57 @@
+"""The operations console's overview: the one read that spans every app.
+
+The reminder engine's backlog, throughput and workers come from ``reminders.selectors.queues``,
+the sweeper's figures from ``expiry.selectors``. Nothing
+here writes; every read is bounded (see the selectors it calls).
+"""
+
+from __future__ import annotations
+
+from expiry import selectors as expiry_selectors
+from reminders.models import ReminderSettings
+from reminders.selectors import reminder_settings_get
+from reminders.selectors.queues import (
+    RECENT_MINUTES,
+    Backlog,
+    backlog,
+    now_ms,
+    recent_p99_ms,
+    throughput,
+    workers,
+)
+
+# --- the overview page ---------------------------------------------------------------------------
+
+
+def warnings(*, data: Backlog, p99_ms: int | None, live: ReminderSettings) -> list[str]:
+    out = []
+    overdue = data.totals["due"]
+    if overdue > live.backlog_warning:
+        out.append(
+            f"Overdue backlog is {overdue:,} entries (warning threshold {live.backlog_warning:,})."
+        )
+    if p99_ms is not None and p99_ms > live.lateness_warning_ms:
+        out.append(
+            f"p99 delivery lateness is {p99_ms:,} ms over the last {RECENT_MINUTES} minutes "
+            f"(warning threshold {live.lateness_warning_ms:,} ms)."
+        )
+    return out
+
+
+def overview() -> dict:
+    """Everything the overview page shows, read once."""
+    live = reminder_settings_get(fresh=True)
+    at_ms = now_ms()
+    data = backlog(at_ms=at_ms)
+    series = throughput()
+    p99 = recent_p99_ms(series)
+    expiry = expiry_selectors.expiry_stats()
+    return {
+        "settings": live,
+        "backlog": data,
+        "series": series,
+        "p99_ms": p99,
+        "workers": workers(at_ms=at_ms, live=live),
+        "expiry": expiry,
+        "warnings": warnings(data=data, p99_ms=p99, live=live),
+    }

@@ -1,0 +1,27 @@
+"""Alerts (article 002): nothing goes dead silently. An alert is a structured ERROR log line and,
+when ``ALERT_WEBHOOK_URL`` is set (a chat channel's webhook), a POST there."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import requests
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+
+def raise_alert(*, title: str, details: dict[str, Any]) -> None:
+    """A structured error log line, and a chat-friendly POST to ``ALERT_WEBHOOK_URL`` if set."""
+    logger.error("ALERT %s", title, extra={"alert": title, **details})
+    url = settings.ALERT_WEBHOOK_URL
+    if not url:
+        return
+    text = f":rotating_light: {title}\n" + "\n".join(f"- {k}: {v}" for k, v in details.items())
+    try:
+        response = requests.post(url, json={"text": text, "title": title, "details": details},
+                                 timeout=settings.WEBHOOK_TIMEOUT_S)  # fmt: skip
+        response.raise_for_status()  # a refused alert must show in the log, not vanish
+    except requests.RequestException:
+        logger.exception("alert webhook failed", extra={"url": url})

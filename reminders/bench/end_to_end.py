@@ -1,0 +1,339 @@
+"""The reminders benchmark (``manage.py bench_reminders``): real processes, real Redis and database.
+
+It runs one reminder worker process and one Celery worker (subprocesses of this one) under a key
+prefix and a Celery queue of their own, with the inbox gateway, and measures:
+
+- ``schedule_per_s``: the engine's bulk API scheduling ``count`` reminders;
+- ``dispatch_s``: from the due second until every reminder was claimed, merged and handed to
+  Celery (the worker's own "dispatched" counter, read from Redis);
+- ``end_to_end_s``: from the due second until every one is in the inbox (checked in the database);
+- ``steady_lateness_p99_ms``: at a steady rate (2,000/s by default), inbox ``created_at`` minus
+  ``remind_at``, per reminder, from the database;
+- ``raw_limit_per_s``: a bare Lua pop-and-ack loop on the same Redis, the machine's raw limit.
+
+Everything it creates (a coupon per phase, subscriptions, notifications, Redis keys) is its own and
+is deleted afterwards. End users are ids from ``BENCH_USER_BASE`` up, far from real ones.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from celery import current_app
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from couponcenter.core.redis import get_redis
+from couponcenter.models import Coupon
+from reminders import metrics
+from reminders.bench import engine as engine_bench
+from reminders.engine import leases, queue
+from reminders.engine.keys import slot_for
+from reminders.members import REMINDER_TOPIC, member
+from reminders.models import Notification, ReminderSubscription
+from reminders.selectors import reminder_settings_get
+from reminders.services.delivery import _aware
+
+BENCH_USER_BASE = 9_000_000_000
+CREATE_BATCH = 5000
+# Pool processes of the one Celery worker: one per core of the benchmark machine.
+CELERY_CONCURRENCY = 2
+CELERY_NICE = 5
+
+Progress = Callable[[str, int, int], None]
+
+
+# --- processes ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def bench_processes(prefix: str, delivery_queue: str, *, log_dir: str):
+    """A reminder worker and a Celery worker (concurrency 2) on the bench's prefix and queue."""
+    env = {**os.environ, "REDIS_KEY_PREFIX": prefix, "DELIVERY_QUEUE": delivery_queue,
+           "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
+    # Delivery runs at a lower CPU priority than dispatch, as the README's deployment section
+    # advises for hosts that share them: the claim is the latency-critical step.
+    celery = ["nice", "-n", str(CELERY_NICE), sys.executable, "-m", "celery", "-A", "couponcenter",
+              "worker", "--pool", "prefork", "--concurrency", str(CELERY_CONCURRENCY),
+              "-Q", delivery_queue, "--without-gossip", "--without-mingle", "--without-heartbeat",
+              "--loglevel", "WARNING"]  # fmt: skip
+    os.makedirs(log_dir, exist_ok=True)
+    celery_log = open(os.path.join(log_dir, "bench-celery.log"), "w")  # noqa: SIM115
+    worker_log = open(os.path.join(log_dir, "bench-worker.log"), "w")  # noqa: SIM115
+    procs = [
+        subprocess.Popen(celery, env=env, stdout=celery_log, stderr=subprocess.STDOUT),
+        subprocess.Popen(manage + ["run_reminder_worker"], env=env, stdout=worker_log,
+                         stderr=subprocess.STDOUT),
+    ]  # fmt: skip
+    try:
+        _wait_ready(procs)
+        yield procs
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        celery_log.close()
+        worker_log.close()
+
+
+def _wait_ready(procs: list[subprocess.Popen], timeout: float = 60) -> None:
+    """Until the reminder worker heartbeats and the Celery worker answers a control ping."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"bench process exited with {proc.returncode}: {proc.args}")
+        if leases.list_workers() and current_app.control.ping(timeout=0.5):
+            return
+        time.sleep(0.2)
+    raise RuntimeError("bench processes did not become ready in time")
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def _coupon(opens_at: datetime, name: str) -> Coupon:
+    return Coupon.objects.create(
+        name=name, claim_opens_at=opens_at, total_stock=2_000_000_000, valid_for=timedelta(days=1)
+    )
+
+
+def _subscriptions(
+    coupon: Coupon, count: int, user_base: int, progress: Progress | None
+) -> list[tuple[int, int, int]]:
+    """Bulk-create ``count`` subscriptions; returns (sub id, user id, slot)."""
+
+    slots = reminder_settings_get().slots
+    for start in range(0, count, CREATE_BATCH):
+        batch = [
+            ReminderSubscription(
+                coupon=coupon,
+                user_id=user_base + i,
+                remind_at=coupon.claim_opens_at - coupon.reminder_lead,
+                slot=slot_for(user_base + i, slots),
+            )
+            for i in range(start, min(start + CREATE_BATCH, count))
+        ]
+        ReminderSubscription.objects.bulk_create(batch, batch_size=CREATE_BATCH)
+        if progress:
+            progress("create subscriptions", min(start + CREATE_BATCH, count), count)
+    return list(
+        ReminderSubscription.objects.filter(coupon=coupon)
+        .order_by("pk")
+        .values_list("pk", "user_id", "slot")
+    )
+
+
+def vacuum_analyze() -> None:
+    """Fresh planner statistics and no dead rows left behind by the load or the last run.
+
+    Autovacuum does this in production; here it may be off (it is on this project's CI machine),
+    and a bulk load followed at once by a measurement would otherwise run on stale statistics."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        for model in (ReminderSubscription, Notification, Coupon):
+            cursor.execute(f"VACUUM ANALYZE {model._meta.db_table}")
+
+
+def _cleanup(coupons: list[Coupon], user_base: int, count: int) -> None:
+    users = (user_base, user_base + count)
+    while Notification.objects.filter(user_id__range=users).exists():
+        ids = Notification.objects.filter(user_id__range=users).values_list("pk", flat=True)[
+            :20_000
+        ]
+        Notification.objects.filter(pk__in=list(ids)).delete()
+    for coupon in coupons:
+        ReminderSubscription.objects.filter(coupon=coupon)._raw_delete(connection.alias)
+        coupon.delete()
+
+
+def _delete_keys(prefix: str) -> None:
+
+    client = get_redis()
+    batch = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    for i in range(0, len(batch), 1000):
+        client.delete(*batch[i : i + 1000])
+
+
+# --- measuring ------------------------------------------------------------------------------------
+
+
+def _wait(
+    what: str, done: Callable[[], int], total: int, timeout: float, progress: Progress | None
+) -> float | None:
+    """Poll ``done()`` until it reaches ``total``; returns the wall time then (None: timed out)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        n = done()
+        if progress:
+            progress(what, n, total)
+        if n >= total:
+            return time.time()
+        time.sleep(0.005)
+    return None
+
+
+def _counter(name: str) -> Callable[[], int]:
+    return lambda: metrics.totals(REMINDER_TOPIC, minutes=15).get(name, 0)
+
+
+def _inbox_lateness_ms(coupon: Coupon) -> list[float]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """SELECT n.created_at, s.remind_at
+               FROM reminders_notification n
+               JOIN reminders_remindersubscription s ON s.user_id = n.user_id
+               WHERE s.coupon_id = %s""",
+            [coupon.pk],
+        )
+        rows = cursor.fetchall()
+    return sorted(
+        (_aware(created) - _aware(remind_at)).total_seconds() * 1000 for created, remind_at in rows
+    )
+
+
+def _pct(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    return round(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))], 1)
+
+
+def bench_burst(count: int, user_base: int, progress: Progress | None) -> dict[str, Any]:
+    """``count`` reminders due in the same second."""
+    coupon = _coupon(timezone.now() + timedelta(hours=1), "bench burst")
+    try:
+        subs = _subscriptions(coupon, count, user_base, progress)
+        # Room for the UPDATE, the VACUUM and the scheduling below before the due second.
+        due = timezone.now() + timedelta(seconds=count / 25_000 + 4)
+        ReminderSubscription.objects.filter(coupon=coupon).update(remind_at=due)
+        vacuum_analyze()
+        due_ms = queue.epoch_ms(due)
+        items = [(member(pk, user, coupon.pk), due_ms, slot) for pk, user, slot in subs]
+        started = time.perf_counter()
+        queue.schedule_many(REMINDER_TOPIC, items)
+        schedule_s = time.perf_counter() - started
+        if time.time() > due.timestamp():
+            raise RuntimeError("the burst was scheduled after its due second: machine too busy")
+        dispatched = _wait("dispatch", _counter("dispatched"), count, 120, progress)
+        delivered = _wait("deliver", _counter("delivered"), count, 300, progress)
+        in_inbox = Notification.objects.filter(
+            user_id__range=(user_base, user_base + count)
+        ).count()
+        return {
+            "count": count,
+            "schedule_s": round(schedule_s, 3),
+            "schedule_per_s": round(count / schedule_s),
+            "dispatch_s": round(dispatched - due.timestamp(), 3) if dispatched else None,
+            "dispatch_per_s": round(count / (dispatched - due.timestamp())) if dispatched else None,
+            "end_to_end_s": round(delivered - due.timestamp(), 3) if delivered else None,
+            "in_inbox": in_inbox,
+            "burst_lateness_p99_ms": _pct(_inbox_lateness_ms(coupon), 0.99),
+        }
+    finally:
+        _cleanup([coupon], user_base, count)
+        vacuum_analyze()
+
+
+def bench_steady(
+    rate: int, seconds: int, user_base: int, progress: Progress | None
+) -> dict[str, Any]:
+    """``rate`` reminders due per second for ``seconds``: lateness per reminder."""
+    count = rate * seconds
+    coupon = _coupon(timezone.now() + timedelta(hours=2), "bench steady")
+    try:
+        subs = _subscriptions(coupon, count, user_base, progress)
+        start = timezone.now() + timedelta(seconds=count / 5_000 + 4)
+        start_ms = queue.epoch_ms(start)
+        due = {pk: start_ms + (i * 1000) // rate for i, (pk, _, _) in enumerate(subs)}
+        _set_remind_at(due)
+        vacuum_analyze()
+        queue.schedule_many(
+            REMINDER_TOPIC, [(member(pk, u, coupon.pk), due[pk], slot) for pk, u, slot in subs]
+        )
+        base = _counter("delivered")()
+        _wait("steady", lambda: _counter("delivered")() - base, count, seconds + 120, progress)
+        lateness = _inbox_lateness_ms(coupon)
+        return {
+            "steady_rate_per_s": rate,
+            "steady_count": count,
+            "steady_delivered": len(lateness),
+            "steady_lateness_p50_ms": _pct(lateness, 0.50),
+            "steady_lateness_p99_ms": _pct(lateness, 0.99),
+            "steady_lateness_max_ms": round(lateness[-1], 1) if lateness else None,
+        }
+    finally:
+        _cleanup([coupon], user_base, count)
+        vacuum_analyze()
+
+
+def _set_remind_at(due: dict[int, int]) -> None:
+    """remind_at per subscription: one UPDATE per chunk on PostgreSQL, row by row on SQLite."""
+    items = list(due.items())
+    if connection.vendor != "postgresql":
+        for pk, ms in items:
+            ReminderSubscription.objects.filter(pk=pk).update(
+                remind_at=datetime.fromtimestamp(ms / 1000, UTC)
+            )
+        return
+    for i in range(0, len(items), 2000):
+        chunk = items[i : i + 2000]
+        with connection.cursor() as cursor:
+            values = ",".join(["(%s, to_timestamp(%s / 1000.0))"] * len(chunk))
+            cursor.execute(
+                f"""UPDATE reminders_remindersubscription s SET remind_at = v.at
+                    FROM (VALUES {values}) AS v(id, at) WHERE s.id = v.id""",
+                [x for pair in chunk for x in pair],
+            )
+
+
+def run(
+    *,
+    count: int,
+    steady_rate: int = 2000,
+    steady_seconds: int = 10,
+    progress: Progress | None = None,
+    log_dir: str | None = None,
+) -> dict[str, Any]:
+    prefix = f"ccbench-{uuid.uuid4().hex[:8]}"
+    settings.REDIS_KEY_PREFIX = prefix
+    delivery_queue = f"bench-{uuid.uuid4().hex[:8]}"
+    settings.DELIVERY_QUEUE = delivery_queue
+    live = reminder_settings_get(fresh=True)
+    result: dict[str, Any] = {
+        "database": connection.vendor,
+        "gateway": live.gateway,
+        "batch_size": live.batch_size,
+        "slots": live.slots,
+    }
+    try:
+        raw = engine_bench.bench_raw_lua(count)
+        claim_ack = engine_bench.bench_claim_ack(count)
+        result.update(
+            raw_limit_per_s=raw["per_second"], engine_claim_ack_per_s=claim_ack["per_second"]
+        )
+        queue.record_layout(REMINDER_TOPIC, live.slots)
+        with bench_processes(prefix, delivery_queue, log_dir=log_dir or str(settings.VAR_DIR)):
+            result.update(bench_burst(count, BENCH_USER_BASE, progress))
+            if steady_seconds > 0:
+                result.update(
+                    bench_steady(steady_rate, steady_seconds, BENCH_USER_BASE + count, progress)
+                )
+    finally:
+        _delete_keys(prefix)
+    return result

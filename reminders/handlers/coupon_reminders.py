@@ -1,0 +1,171 @@
+"""Coupon reminders on the engine: the ``coupon.reminder`` topic's handler (article 000).
+
+A claimed batch of one slot is turned into delivery batches:
+- entries whose coupon can no longer help (cancelled, sold out, claim window over) are dropped and
+  counted, never sent (so are those later than the late limit under the "drop" policy, at delivery);
+- a user's reminders due within the same merge window become one message;
+- messages go to Celery in batches (``deliver_reminders``), never one task per reminder: the
+  entries one claim round hands on, over all slots, travel together (up to the batch size per
+  task), so a steady trickle over 16 slots is one task per round, not sixteen.
+
+The handed-on entries stay in the slot's prepare set: the delivery task acks the delivered ones and
+nacks the failed ones, so a Celery worker dying mid-delivery only delays them until the visibility
+deadline, when the reaper puts them back (at-least-once; the inbox ledger makes it once for the
+user).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from functools import partial
+
+from django.conf import settings
+from django.utils import timezone
+
+from couponcenter import rules
+from couponcenter.core.caching import TTLCache
+from couponcenter.core.redis import broker_client
+from couponcenter.models import Coupon
+from reminders import metrics
+from reminders.engine import queue
+from reminders.engine.scripts import Claimed
+from reminders.engine.topics import DROP, HANDED_ON, Result, Topic
+from reminders.members import REMINDER_TOPIC, REMINDER_TOPIC_HIGH, ReminderMember
+from reminders.models import ReminderSubscription
+from reminders.selectors import reminder_settings_get
+from reminders.services.delivery import reminders_dead, reminders_retry
+from reminders.tasks import deliver_reminders
+
+logger = logging.getLogger(__name__)
+
+# Coupon states are re-read at most this often per process (a hot coupon is in every batch).
+COUPON_STATE_TTL_S = 1.0
+
+_drop_reasons: TTLCache[int, str | None] = TTLCache(COUPON_STATE_TTL_S)
+
+
+def reminder_topics() -> list[Topic]:
+    """The high-priority reminder topic (drained first) and the normal one."""
+    live = reminder_settings_get().topic_settings()
+    return [
+        Topic(
+            name=name,
+            handler=partial(handle_reminders, name),
+            flush=partial(flush_reminders, name),
+            pass_slot=True,
+            on_dead=partial(reminders_dead, name),
+            priority=priority,
+            slots=live.slots,
+            max_attempts=live.max_attempts,
+            visibility_ms=live.visibility_ms,
+            batch_size=live.batch_size,
+            backoff_base_ms=live.backoff_base_ms,
+            backoff_cap_ms=live.backoff_cap_ms,
+            needs_due=False,  # due times come from the database rows at delivery
+            isolate_suspects=False,  # entries are handed on; delivery runs in Celery
+        )
+        for name, priority in ((REMINDER_TOPIC_HIGH, 1), (REMINDER_TOPIC, 0))
+    ]
+
+
+def coupon_drop_reasons(coupon_ids: set[int], *, now=None) -> dict[int, str | None]:
+    """Why reminders of each coupon should be dropped (None: still worth sending)."""
+
+    def load(missing: set[int]) -> dict[int, str | None]:
+        at = now or timezone.now()
+        rows = Coupon.objects.filter(pk__in=missing).values(
+            "pk", *rules.WINDOW_FIELDS, *rules.STOCK_FIELDS
+        )
+        found = {row.pop("pk"): rules.reminder_drop_reason(now=at, **row) for row in rows}
+        return {coupon_id: found.get(coupon_id, "deleted") for coupon_id in missing}
+
+    return _drop_reasons.get_many(coupon_ids, load)
+
+
+def handle_reminders(topic: str, entries: Sequence[Claimed], slot: int) -> list[Result]:
+    """The engine handler: drop what can't help, hand the rest to Celery in batches.
+
+    The hot path of a burst (200,000 entries in a second), so it does little per entry: one split
+    for the coupon id, coupon states from a per-process cache, and a Celery message per
+    claimed batch. A slot holds all of one user's entries and one claim takes what is due now, so
+    the delivery task sees all of a user's reminders claimed together and merges them.
+    """
+    coupon_of = [ReminderMember.coupon_id_text(e.job_id) for e in entries]
+    reasons = coupon_drop_reasons({int(c) for c in set(coupon_of)})
+    reasons = {str(coupon): reason for coupon, reason in reasons.items()}
+    if not any(reasons.values()):
+        results = [HANDED_ON] * len(entries)
+        kept = list(entries)
+    else:
+        results, kept, dropped = [], [], defaultdict(list)
+        for entry, coupon in zip(entries, coupon_of, strict=True):
+            reason = reasons[coupon]
+            if reason:
+                dropped[reason].append(ReminderMember.sub_id_of(entry.job_id))
+                results.append(DROP)
+            else:
+                kept.append(entry)
+                results.append(HANDED_ON)
+        _mark_dropped(dropped)
+    _hand_to_delivery(topic, slot, kept)
+    metrics.record(topic, {"dispatched": len(kept), "dropped": len(entries) - len(kept)})
+    return results
+
+
+def _mark_dropped(dropped: dict[str, list[int]]) -> None:
+    for reason, sub_ids in dropped.items():
+        ReminderSubscription.objects.filter(
+            pk__in=sub_ids, status=ReminderSubscription.Status.SCHEDULED
+        ).update(status=ReminderSubscription.Status.DROPPED, drop_reason=reason)
+
+
+# Per topic, what this round handed on and has not published yet: [(slot, entries), ...].
+_outbox: dict[str, list[tuple[int, list[Claimed]]]] = defaultdict(list)
+
+
+def _hand_to_delivery(topic: str, slot: int, entries: list[Claimed]) -> None:
+    """Queue a slot's batch for delivery; published at the end of the claim round, or at once
+    when the topic's outbox holds a batch size's worth (a burst: full batches go straight out)."""
+    if not entries:
+        return
+    parts = _outbox[topic]
+    parts.append((slot, entries))
+    if sum(len(e) for _, e in parts) >= reminder_settings_get().batch_size:
+        flush_reminders(topic)
+
+
+def flush_reminders(topic: str) -> None:
+    """Publish the topic's outbox as one Celery task. A user's entries all live in one slot and
+    one claim takes every due one, so the task still sees them together and merges them.
+
+    If the broker refuses the task, the entries go back to their slots with backoff (and count an
+    attempt), as a failed delivery's do; if Redis refuses that too they stay in prepare and the
+    reaper returns them after the visibility timeout.
+    """
+    parts = _outbox.pop(topic, None)
+    if not parts:
+        return
+    batch: dict = {"topic": topic, "parts": [[slot, [e.job_id for e in es]] for slot, es in parts]}
+    attempts = {e.job_id: e.attempt for _, es in parts for e in es if e.attempt > 1}
+    if attempts:
+        batch["attempts"] = attempts
+    count = sum(len(es) for _, es in parts)
+    try:
+        # argsrepr: Celery would otherwise saferepr() the whole batch into the message headers.
+        deliver_reminders.apply_async(args=[batch], argsrepr=f"({count} reminders)")
+    except Exception as exc:
+        logger.exception("handing %d reminders of %s to Celery failed", count, topic)
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        failures: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        for slot, entries in parts:
+            failures[slot] += [(e.job_id, error) for e in entries]
+        reminders_retry(topic, failures, live=reminder_settings_get(), now_ms=queue.epoch_ms())
+        raise
+
+
+def delivery_queue_depth() -> int:
+    """Reminder batches waiting in the Celery queue (for backpressure); 0 for non-Redis brokers."""
+    client = broker_client()
+    return 0 if client is None else int(client.llen(settings.DELIVERY_QUEUE))

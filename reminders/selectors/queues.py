@@ -1,0 +1,187 @@
+"""Reads of the reminder engine's state for the console, ``/api/ops/`` and ``/metrics``.
+
+Nothing here writes, and every read is bounded, so a page stays fast whatever the size of the
+queues behind it:
+- the backlog is one pipeline of O(log n) sorted-set calls per topic (ZCARD, ZCOUNT, ZRANGE 0 0);
+- charts read the per-minute metric hashes of the last hour (``reminders.metrics``);
+- workers come from the heartbeat registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+from django.conf import settings
+
+from reminders import metrics
+from reminders.engine import leases, queue
+from reminders.engine.queue import SlotStats
+from reminders.members import REMINDER_TOPICS
+from reminders.models import ReminderSettings
+from reminders.selectors import reminder_settings_get
+from reminders.selectors.topics import timeout_topic_specs
+
+CHART_MINUTES = 60
+# The p99 shown in the banner: the worst minute among the last few (a single quiet minute after a
+# burst must not hide it, and an hour-old spike must not keep the banner up).
+RECENT_MINUTES = 5
+
+
+def now_ms() -> int:
+    return queue.epoch_ms()
+
+
+def ms_to_datetime(ms: int | None) -> datetime | None:
+    return None if not ms else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+# --- topics and slots ----------------------------------------------------------------------------
+
+
+def topic_slot_counts(*, live: ReminderSettings | None = None) -> dict[str, int]:
+    """Every topic with the number of slots to look at (every layout not yet drained)."""
+    live = live or reminder_settings_get()
+    configured = dict.fromkeys(REMINDER_TOPICS, live.slots)
+    configured.update({name: spec.slots for name, spec in timeout_topic_specs().items()})
+    return {topic: queue.served_slot_count(topic, slots) for topic, slots in configured.items()}
+
+
+# --- backlog -------------------------------------------------------------------------------------
+
+
+@dataclass
+class TopicBacklog:
+    topic: str
+    slots: list[SlotStats]
+    store: int = 0
+    due: int = 0
+    oldest_overdue_ms: int = 0
+    prepare: int = 0
+    dead: int = 0
+
+    def __post_init__(self) -> None:
+        for s in self.slots:
+            self.store += s.store
+            self.due += s.due
+            self.prepare += s.prepare
+            self.dead += s.dead
+            self.oldest_overdue_ms = max(self.oldest_overdue_ms, s.oldest_overdue_ms)
+
+
+@dataclass
+class Backlog:
+    topics: list[TopicBacklog]
+    now_ms: int
+    totals: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = ("store", "due", "prepare", "dead")
+        self.totals = {n: sum(getattr(t, n) for t in self.topics) for n in names}
+        self.totals["oldest_overdue_ms"] = max(
+            (t.oldest_overdue_ms for t in self.topics), default=0
+        )
+
+
+def backlog(*, at_ms: int | None = None, topic: str | None = None) -> Backlog:
+    """Per topic and slot: store size, due now, oldest overdue age, in flight and dead."""
+    at_ms = now_ms() if at_ms is None else at_ms
+    topics = []
+    for name, slots in topic_slot_counts().items():
+        if topic is None or name == topic:
+            topics.append(TopicBacklog(name, queue.stats(name, range(slots), now_ms=at_ms)))
+    return Backlog(topics, at_ms)
+
+
+def backlog_as_dict(data: Backlog) -> dict:
+    return {
+        "now_ms": data.now_ms,
+        "totals": data.totals,
+        "topics": [
+            {
+                "topic": t.topic,
+                "store": t.store,
+                "due": t.due,
+                "oldest_overdue_ms": t.oldest_overdue_ms,
+                "prepare": t.prepare,
+                "dead": t.dead,
+                "slots": [{k: v for k, v in asdict(s).items() if k != "topic"} for s in t.slots],
+            }
+            for t in data.topics
+        ],
+    }
+
+
+# --- throughput and lateness ---------------------------------------------------------------------
+
+
+def throughput(*, minutes: int = CHART_MINUTES, now: float | None = None) -> dict[str, list[dict]]:
+    """Per reminder topic, per minute (oldest first): counts and lateness p50/p99."""
+    return {topic: metrics.series(topic, minutes=minutes, now=now) for topic in REMINDER_TOPICS}
+
+
+def recent_p99_ms(series: dict[str, list[dict]], *, minutes: int = RECENT_MINUTES) -> int | None:
+    worst = [
+        row["lateness_p99_ms"]
+        for rows in series.values()
+        for row in rows[-minutes:]
+        if row["lateness_p99_ms"] is not None
+    ]
+    return max(worst) if worst else None
+
+
+# --- workers -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    worker_id: str
+    host: str
+    pid: int
+    version: str
+    config_version: int
+    heartbeat_age_s: float
+    live: bool
+    current: bool  # has picked up the current ReminderSettings.version
+    owned: dict[str, list[int]]
+
+    @property
+    def owned_summary(self) -> str:
+        return "; ".join(f"{t}: {_ranges(s)}" for t, s in sorted(self.owned.items()) if s) or "-"
+
+
+def workers(*, at_ms: int | None = None, live: ReminderSettings | None = None) -> list[WorkerRow]:
+    """Registered workers (live first), heartbeat age, and whether they run the current config."""
+    at_ms = now_ms() if at_ms is None else at_ms
+    version = (live or reminder_settings_get(fresh=True)).version
+    rows = [
+        WorkerRow(
+            worker_id=w.worker_id,
+            host=w.host,
+            pid=w.pid,
+            version=w.version,
+            config_version=w.config_version,
+            heartbeat_age_s=max(0, at_ms - w.heartbeat_ms) / 1000,
+            live=at_ms - w.heartbeat_ms <= settings.WORKER_LEASE_MS,
+            current=w.config_version >= version,
+            owned=w.owned,
+        )
+        for w in leases.list_workers()
+    ]
+    return sorted(rows, key=lambda r: (not r.live, r.worker_id))
+
+
+def _ranges(slots: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    out, start, prev = [], None, None
+    for s in sorted(slots):
+        if start is None:
+            start = prev = s
+        elif s == prev + 1:
+            prev = s
+        else:
+            out.append(f"{start}-{prev}" if prev != start else f"{start}")
+            start = prev = s
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else f"{start}")
+    return ", ".join(out)

@@ -41,7 +41,7 @@ from django.utils import timezone
 from couponcenter import selectors, services
 from couponcenter.models import Coupon, UserCoupon
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the project root: gunicorn runs from there
 BENCH_ACCOUNT = "bench-claims-http"
 USER_ID_BASE = 10**12  # far above any real end-user id the bench database may hold
 

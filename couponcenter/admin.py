@@ -20,11 +20,11 @@ from couponcenter.core.admin import EstimatedCountPaginator, exact_id
 from couponcenter.core.errors import BusinessError
 from couponcenter.models import Account, Coupon, UserCoupon
 
-# Counts on a coupon's change page (never per row of a list): name -> (label, count(coupon_id)).
-# The coupon domain counts its claims; an app that follows coupons adds its own from its admin
-# module (reminders: the subscribed count), so this module knows none of them.
+# Counts on a coupon's change page (never per row of a list), by display name. The coupon domain
+# counts its claims; an app that follows coupons adds its own from its admin module (reminders:
+# the subscribed count), so this module knows none of them.
 CouponCount = Callable[[int], int]
-_coupon_counts: dict[str, tuple[str, CouponCount]] = {}
+_coupon_counts: list[str] = []
 
 
 def register_coupon_count(name: str, label: str, count: CouponCount) -> None:
@@ -34,7 +34,8 @@ def register_coupon_count(name: str, label: str, count: CouponCount) -> None:
     def display(model_admin: CouponAdmin, coupon: Coupon) -> int:
         return count(coupon.pk)
 
-    _coupon_counts[name] = (label, count)
+    if name not in _coupon_counts:
+        _coupon_counts.append(name)
     setattr(CouponAdmin, name, display)
 
 

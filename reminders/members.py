@@ -30,7 +30,7 @@ class ReminderMember(NamedTuple):
     coupon_id: int
 
     def __str__(self) -> str:
-        return f"{self.sub_id}:{self.user_id}:{self.coupon_id}"
+        return member(self.sub_id, self.user_id, self.coupon_id)
 
     @classmethod
     def parse(cls, value: str) -> ReminderMember:
@@ -56,4 +56,5 @@ class ReminderMember(NamedTuple):
 
 
 def member(sub_id: int, user_id: int, coupon_id: int) -> str:
+    """The member string; bulk indexing builds it for every row, so no tuple on the way."""
     return f"{sub_id}:{user_id}:{coupon_id}"

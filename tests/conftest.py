@@ -12,8 +12,7 @@ from django.db import connection
 
 from couponcenter.celery import app as celery_app
 from couponcenter.core.redis import get_redis, is_cluster
-from reminders.models import ReminderSettings
-from reminders.services import reminder_settings_save
+from tests.support.settings_rows import reminder_settings_row
 
 
 def pytest_configure(config):
@@ -95,12 +94,4 @@ def eager_celery():
 @pytest.fixture
 def reminder_settings(db):
     """The live settings row, with a helper to change it the way the admin does."""
-    row, _ = ReminderSettings.objects.get_or_create(pk=1)
-
-    def change(**fields):
-        for name, value in fields.items():
-            setattr(row, name, value)
-        return reminder_settings_save(instance=row)
-
-    row.change = change
-    return row
+    return reminder_settings_row()

@@ -18,8 +18,6 @@ from typing import Generic, TypeVar
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-_MISSING = object()
-
 
 class TTLCache(Generic[K, V]):
     """A dict whose entries are trusted for ``ttl_s`` seconds (``ttl_s`` may be a callable read at
@@ -63,10 +61,6 @@ class TTLCache(Generic[K, V]):
                 self.put(key, value, now=now)
                 found[key] = value
         return found
-
-    def peek(self, key: K) -> V | None:
-        hit = self._entries.get(key)
-        return hit[1] if hit is not None and hit[0] > time.monotonic() else None
 
     def put(self, key: K, value: V, *, now: float | None = None) -> None:
         expires = (time.monotonic() if now is None else now) + self.ttl_s

@@ -31,6 +31,7 @@ from django.conf import settings
 from couponcenter.bench.http import database_url
 from couponcenter.core.redis import build_client
 from reminders.engine import leases
+from tests.support.settings_rows import reminder_settings_row
 
 READY_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 15
@@ -203,19 +204,8 @@ def stack(transactional_db, redis_prefix, tmp_path):
 
 @pytest.fixture
 def reminder_settings(transactional_db):
-    """The live settings row; ``change(**fields)`` saves it the way the admin does."""
-    from reminders.models import ReminderSettings
-    from reminders.services import reminder_settings_save
-
-    row, _ = ReminderSettings.objects.get_or_create(pk=1)
-
-    def change(**fields):
-        for name, value in fields.items():
-            setattr(row, name, value)
-        return reminder_settings_save(instance=row)
-
-    row.change = change
-    return row
+    """The live settings row (with ``change(**fields)``), on a transactional database."""
+    return reminder_settings_row()
 
 
 # --- a local HTTP receiver ------------------------------------------------------------------------

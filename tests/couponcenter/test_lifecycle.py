@@ -106,7 +106,7 @@ def http_get(url: str, timeout: float = 10) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def test_gunicorn_finishes_requests_in_flight_on_sigterm(env, spawn):
+def test_gunicorn_finishes_requests_in_flight_on_sigterm(env, spawn, tmp_path):
     port = free_port()
     proc = spawn(
         [sys.executable, "-m", "gunicorn", "tests.support.lifecycle_app",
@@ -120,17 +120,23 @@ def test_gunicorn_finishes_requests_in_flight_on_sigterm(env, spawn):
     assert status in (200, 503) and json.loads(body)["checks"]["database"]["status"] == "ok"
 
     results: list[tuple[int, bytes]] = []
-    slow = threading.Thread(target=lambda: results.append(http_get(base + "/__slow__?s=3")))
+    mark = tmp_path / "slow-started"
+    slow = threading.Thread(
+        target=lambda: results.append(http_get(f"{base}/__slow__?s=3&mark={mark}"))
+    )
     slow.start()
-    time.sleep(0.5)  # the request is in a worker now
+    wait_for(mark.exists, 30, "the slow request to reach a worker", proc)
+    sigterm_at = time.time()
     took = stop_within(proc, STOP_BOUND_S)
     slow.join(timeout=10)
     assert results == [(200, b"slept\n")], output(proc)
     assert proc.returncode == 0, output(proc)
-    assert 2 <= took < STOP_BOUND_S, took
+    # It exited only after the request had slept its 3 s, and within the bound.
+    assert sigterm_at + took >= float(mark.read_text()) + 3, took
+    assert took < STOP_BOUND_S, took
 
 
-def test_gunicorn_kills_a_request_past_the_graceful_timeout(env, spawn):
+def test_gunicorn_kills_a_request_past_the_graceful_timeout(env, spawn, tmp_path):
     port = free_port()
     proc = spawn(
         [sys.executable, "-m", "gunicorn", "tests.support.lifecycle_app",
@@ -140,9 +146,12 @@ def test_gunicorn_kills_a_request_past_the_graceful_timeout(env, spawn):
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     wait_for(lambda: _answers(base + "/healthz/live/"), 30, "gunicorn to serve", proc)
-    stuck = threading.Thread(target=lambda: _answers(base + "/__slow__?s=60"), daemon=True)
+    mark = tmp_path / "stuck-started"
+    stuck = threading.Thread(
+        target=lambda: _answers(f"{base}/__slow__?s=60&mark={mark}"), daemon=True
+    )
     stuck.start()
-    time.sleep(0.5)
+    wait_for(mark.exists, 30, "the stuck request to reach a worker", proc)
     took = stop_within(proc, 10)
     assert took < 8, (took, output(proc))  # the bound holds even against a stuck request
 

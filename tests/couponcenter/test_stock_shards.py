@@ -135,6 +135,17 @@ def test_a_coupon_written_without_the_service_is_sharded_on_its_first_claim(four
 # --- under real concurrency (PostgreSQL) ---------------------------------------------------------
 
 
+def _a_session_waits_on_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        # Inside a transaction the statistics views keep their first snapshot: take a new one.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0] > 0
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_waits_for_busy_shards_instead_of_answering_sold_out(four_shards):
@@ -152,7 +163,10 @@ def test_a_claim_waits_for_busy_shards_instead_of_answering_sold_out(four_shards
 
         thread = threading.Thread(target=claimer)
         thread.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while not _a_session_waits_on_a_lock():  # observed in PostgreSQL, not guessed by a sleep
+            assert thread.is_alive() and time.monotonic() < deadline, outcome
+            time.sleep(0.02)
         assert thread.is_alive() and not outcome  # waiting, not refused
     thread.join(timeout=10)
     assert outcome == ["ok"]

@@ -284,6 +284,17 @@ def receiver_factory():
 # --- assertions shared by the e2e tests -----------------------------------------------------------
 
 
+def drained(*, dead: int = 0, stack=None, timeout: float = 60) -> None:
+    """Until nothing is scheduled or in flight any more (and ``dead`` entries are dead): from
+    then on no delivery can come, so a duplicate would already show. Observed, not slept."""
+    expected = {"store": 0, "prepare": 0, "dead": dead}
+    wait_for(
+        lambda: backlog() == expected,
+        timeout=timeout,
+        what=f"an empty schedule {expected}\n{stack.logs() if stack else ''}",
+    )
+
+
 def backlog() -> dict[str, int]:
     """Entries left in Redis over both reminder topics and every slot layout in use."""
     from reminders.engine import queue

@@ -3,7 +3,6 @@ layout stay reachable, are delivered exactly once, and a cancel still finds them
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from datetime import timedelta
 
@@ -16,7 +15,7 @@ from reminders.engine import keys, queue
 from reminders.members import REMINDER_TOPIC
 from reminders.models import Notification, ReminderSubscription
 from reminders.services import subscription_subscribe, subscription_unsubscribe
-from tests.e2e.conftest import backlog, wait_for
+from tests.e2e.conftest import backlog, drained, wait_for
 from tests.support.factories import CouponFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -74,7 +73,7 @@ def test_slot_count_change_keeps_every_reminder_reachable(stack, reminder_settin
         timeout=30,
         what=f"{len(expected)} notifications\n{stack.logs()}",
     )
-    time.sleep(2.0)
+    drained(stack=stack)
 
     assert Counter(Notification.objects.values_list("user_id", flat=True)) == dict.fromkeys(
         expected, 1

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import time
 from collections import Counter, defaultdict
 from datetime import timedelta
 
@@ -17,13 +16,12 @@ from django.utils import timezone
 from reminders.engine.keys import slot_for
 from reminders.models import Notification, ReminderSubscription
 from reminders.services import subscription_subscribe, subscriptions_reindex
-from tests.e2e.conftest import backlog, dead_members, wait_for
+from tests.e2e.conftest import backlog, dead_members, drained, wait_for
 from tests.support.factories import CouponFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 SECRET = "e2e-webhook-secret"
-SETTLE_S = 2.0
 Status = ReminderSubscription.Status
 
 
@@ -87,7 +85,7 @@ def test_failing_webhook_retries_only_failed_items_then_dead_and_alert(
         )
 
     wait_for(settled, timeout=30, what=f"retries, dead and alert\n{stack.logs()}")
-    time.sleep(SETTLE_S)
+    drained(dead=len(failing), stack=stack)
 
     requests = hook.snapshot()
     hits = Counter(_user_of(r) for r in requests)
@@ -135,7 +133,7 @@ def test_reminder_worker_killed_mid_run_loses_and_repeats_nothing(stack, reminde
         timeout=60,
         what=f"{len(users)} notifications\n{stack.logs()}",
     )
-    time.sleep(SETTLE_S)
+    drained(stack=stack)
     per_user = Counter(Notification.objects.values_list("user_id", flat=True))
     assert per_user == dict.fromkeys(users, 1)
     assert set(ReminderSubscription.objects.values_list("status", flat=True)) == {Status.SENT}
@@ -172,7 +170,7 @@ def test_celery_worker_killed_mid_delivery_notifies_everyone_once(
         timeout=60,
         what=f"every user notified\n{stack.logs()}",
     )
-    time.sleep(SETTLE_S)
+    drained(stack=stack)
     keys = defaultdict(set)
     for r in hook.snapshot():
         assert _signed(r)

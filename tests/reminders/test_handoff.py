@@ -43,17 +43,25 @@ def delivery_queue(settings):
 def _reset_producers() -> None:
     celery_app._pool = None
     celery_app.amqp._producer_pool = None
+    # Celery reads task_publish_retry once, when it first builds its task sender: build it anew.
+    celery_app.amqp.__dict__.pop("send_task_message", None)
 
 
 @pytest.fixture
-def broker_down():
-    """Celery's broker pointed at a closed port: publishing fails with a connection error."""
-    before = (celery_app.conf.broker_url, celery_app.conf.task_publish_retry)
-    celery_app.conf.broker_url = "redis://127.0.0.1:1/0"
+def broker_down(monkeypatch):
+    """Celery publishes to a closed port: publishing fails with a connection error.
+
+    Publishing connects to ``broker_write_url``. ``CELERY_BROKER_URL`` in the environment would
+    win over ``broker_url`` (Celery reads it first), but not over an explicit write URL; and the
+    sender is rebuilt so that ``task_publish_retry`` applies whatever was published before.
+    """
+    monkeypatch.delenv("CELERY_BROKER_WRITE_URL", raising=False)
+    before = (celery_app.conf.broker_write_url, celery_app.conf.task_publish_retry)
+    celery_app.conf.broker_write_url = "redis://127.0.0.1:1/0"
     celery_app.conf.task_publish_retry = False
     _reset_producers()
     yield
-    celery_app.conf.broker_url, celery_app.conf.task_publish_retry = before
+    celery_app.conf.broker_write_url, celery_app.conf.task_publish_retry = before
     _reset_producers()
 
 

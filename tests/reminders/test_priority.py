@@ -1,11 +1,13 @@
 """High-priority coupons' reminders are claimed before normal ones when both are due (article
 000's "priority-aware scheduling"): the dispatcher in-process, Celery eager, real DB and Redis."""
 
+import itertools
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+from reminders.engine.dispatcher import wall_ms
 from reminders.members import REMINDER_TOPIC, REMINDER_TOPIC_HIGH
 from reminders.models import Notification
 from reminders.runtime.worker import build_worker
@@ -53,15 +55,18 @@ def test_high_priority_reminders_are_delivered_first(eager_celery, reminder_sett
 def test_short_time_budget_is_spent_on_high_priority_first(
     eager_celery, reminder_settings, settings
 ):
-    # A tick claims for a third of the lease time: 100 ms here, far less than 400 one-entry
-    # batches delivered in-process take (each is a transaction and a Redis ack), so the tick
-    # ends with high-priority work still due.
-    settings.WORKER_LEASE_MS = 300
+    # A tick claims for a third of the lease time (5 s: about 1.7 s). The worker's clock
+    # advances 10 ms each time it is read, so however fast or slow the machine, 400 one-entry
+    # batches outlast the budget and the tick ends with high-priority work still due; the real
+    # slot leases (5 s in Redis) are renewed between ticks.
+    settings.WORKER_LEASE_MS = 5000
     reminder_settings.change(slots=1, batch_size=1)
     normal, high = _due_coupons()
     _subscribe(normal, range(1, 6))
     _subscribe(high, range(101, 501))
     worker = build_worker([REMINDER_TOPIC, REMINDER_TOPIC_HIGH])
+    ticks = itertools.count(wall_ms(), 10)
+    worker.clock = lambda: next(ticks)
     try:
         report = worker.run_once()
         assert report.busy

@@ -54,30 +54,32 @@ def test_eight_claimers_race_over_a_million_entries(redis_client, now):
     assert sum(s.prepare for s in stats) == n and sum(s.store for s in stats) == 0
 
 
-def _claim_then_hang(token: str, ready) -> None:
+def _claim_then_hang(token: str, ready, claim_at: int) -> None:
     client = get_redis()
-    queue.claim(T, 0, now_ms=wall_ms(), limit=100, visibility_ms=500, lease_token=token,
+    queue.claim(T, 0, now_ms=claim_at, limit=100, visibility_ms=500, lease_token=token,
                 client=client)  # fmt: skip
     ready.set()
     time.sleep(60)  # killed before it can ack
 
 
 def test_entries_of_a_killed_worker_come_back_after_the_visibility_deadline(redis_client):
-    queue.schedule_many(T, [(f"j{i}", wall_ms() - 1, 0) for i in range(100)], client=redis_client)
+    # The scripts take "now" as an argument: the claim and the reaps run on one explicit clock,
+    # so how long the machine takes between them does not matter.
+    claim_at = wall_ms()
+    queue.schedule_many(T, [(f"j{i}", claim_at - 1, 0) for i in range(100)], client=redis_client)
     token = scripts.lease_acquire(redis_client, slot_keys(T, 0), holder="victim", ttl_ms=60_000)
     ready = ctx.Event()
-    proc = ctx.Process(target=_claim_then_hang, args=(token, ready))
+    proc = ctx.Process(target=_claim_then_hang, args=(token, ready, claim_at))
     proc.start()
     assert ready.wait(30)
     os.kill(proc.pid, signal.SIGKILL)
     proc.join()
-    assert queue.reap(T, [0], now_ms=wall_ms(), limit=1000, max_attempts=5,
+    assert queue.reap(T, [0], now_ms=claim_at + 499, limit=1000, max_attempts=5,
                       client=redis_client).retried == 0  # fmt: skip
-    time.sleep(0.6)
-    assert queue.reap(T, [0], now_ms=wall_ms(), limit=1000, max_attempts=5,
+    assert queue.reap(T, [0], now_ms=claim_at + 501, limit=1000, max_attempts=5,
                       client=redis_client).retried == 100  # fmt: skip
-    again = queue.claim(T, 0, now_ms=wall_ms(), limit=1000, visibility_ms=500, lease_token=token,
-                        client=redis_client)  # fmt: skip
+    again = queue.claim(T, 0, now_ms=claim_at + 502, limit=1000, visibility_ms=500,
+                        lease_token=token, client=redis_client)  # fmt: skip
     assert len(again) == 100 and {c.attempt for c in again} == {2}
 
 
@@ -106,7 +108,7 @@ def test_a_worker_paused_past_its_lease_cannot_ack_after_takeover(redis_client):
     os.kill(proc.pid, signal.SIGSTOP)
     try:
         taker = SlotLeases("taker", ttl_ms=5000, client=redis_client)
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 30  # the paused worker's 300 ms lease expires (observed)
         while not taker.sync({T: [0]}).acquired and time.monotonic() < deadline:
             time.sleep(0.05)
         assert taker.owned(T) == [0]

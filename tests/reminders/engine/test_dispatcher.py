@@ -164,31 +164,47 @@ def test_the_reaper_runs_under_a_singleton_lease(redis_client):
     assert not leases.try_singleton("reaper", other.worker_id, 5000, client=redis_client)
 
 
-@pytest.mark.slow
+class RecordedWaits(threading.Event):
+    """The loop's stop event, recording how long each sleep would be instead of sleeping."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        return self.is_set()
+
+
 def test_run_forever_wakes_early_for_due_work_and_stops(redis_client):
-    handled = {}
+    """The loop sleeps until the next due entry, not a whole tick; with nothing due it sleeps at
+    most a tick, so an entry scheduled meanwhile is seen at the next tick at the latest; a stop
+    ends it and deregisters the worker. Time is the injected clock, sleeps are recorded."""
+    now = [1_750_000_000_000]
+    handled = []
+    topic = Topic(T, Recorder(lambda e: handled.append(e.job_id) or OK), slots=1)
+    config = lambda: EngineSettings(tick_ms=2000, lease_ms=60_000)  # noqa: E731
+    dispatcher = Dispatcher([topic], config=config, client=redis_client, clock=lambda: now[0])
+    dispatcher._stop = sleeps = RecordedWaits()
+    queue.schedule(T, "soon", now[0] + 500, slot=0, client=redis_client)
 
-    def handler(entries):
-        return [handled.setdefault(e.job_id, wall_ms()) and OK for e in entries]
+    report = dispatcher.run_once()
+    assert report.claimed == 0 and report.next_due_ms == now[0] + 500
+    dispatcher._sleep(report, time.monotonic())
+    assert sleeps.waits[-1] == pytest.approx(0.5, abs=1e-6)  # until "soon" is due, not 2 s
 
-    topic = Topic(T, handler, slots=1)
-    config = lambda: EngineSettings(tick_ms=2000)  # noqa: E731
-    dispatcher = Dispatcher([topic], config=config, client=redis_client)
-    due = wall_ms() + 500  # known at the first tick: the loop sleeps until then, not 2 s
-    queue.schedule(T, "soon", due, slot=0, client=redis_client)
-    thread = threading.Thread(target=dispatcher.run_forever, kwargs={"install_signals": False})
-    thread.start()
-    try:
-        time.sleep(0.9)
-        late_due = wall_ms()  # scheduled while the loop sleeps: seen at the next tick at the latest
-        queue.schedule(T, "late", late_due, slot=0, client=redis_client)
-        time.sleep(2.3)
-    finally:
-        dispatcher.stop()
-        thread.join(timeout=5)
-    assert not thread.is_alive()
-    assert 0 <= handled["soon"] - due < 150
-    assert handled["late"] - late_due < 2100
+    now[0] += 500
+    report = dispatcher.run_once()
+    assert handled == ["soon"] and report.next_due_ms is None
+    dispatcher._sleep(report, time.monotonic())
+    assert 0 < sleeps.waits[-1] <= 2.0  # nothing due: at most one tick
+
+    queue.schedule(T, "late", now[0], slot=0, client=redis_client)  # while it slept
+    dispatcher.run_once()
+    assert handled == ["soon", "late"]
+    assert [w.worker_id for w in leases.list_workers(client=redis_client)] == [dispatcher.worker_id]
+    dispatcher.stop()
+    dispatcher.run_forever(install_signals=False)  # stopped: returns at once
     assert leases.list_workers(client=redis_client) == []  # deregistered on stop
 
 

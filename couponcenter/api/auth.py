@@ -9,12 +9,16 @@ from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.throttling import ScopedRateThrottle
 
 from couponcenter.core.api.errors import BAD_REQUEST, THROTTLED
 
 
 class TokenApi(ObtainAuthToken):
+    # ObtainAuthToken sets its own parsers; the project's (SafeJSONParser) answer every malformed
+    # body with a 400, a body nested too deeply included.
+    parser_classes = api_settings.DEFAULT_PARSER_CLASSES
     authentication_classes = []
     permission_classes = [AllowAny]
     throttle_classes = [ScopedRateThrottle]

@@ -289,3 +289,17 @@ def test_unreachable_http_target_is_retried(topics, make_job, webhook, settings)
     assert (job.status, job.attempts) == (TimeoutJob.Status.PENDING, 1)
     assert "ConnectionError" in job.last_error
     assert in_redis(job) == {"store": 1}
+
+
+def test_a_failed_http_job_stores_the_targets_scheme_and_host_only(
+    topics, make_job, webhook, settings
+):
+    settings.WEBHOOK_ALLOW_HTTP = True
+    webhook.status = 500
+    url = f"{webhook.url}/SECRETPATH?api_key=SECRETQUERY"
+    topics(t_http={"type": "http", "url": url, "secret": SECRET, "slots": 2})
+    job = make_job("t.http")
+    assert drain("t.http").retried == 1
+    job.refresh_from_db()
+    assert "500" in job.last_error and webhook.url.rsplit("/", 1)[0] in job.last_error
+    assert "SECRET" not in job.last_error

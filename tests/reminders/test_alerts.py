@@ -1,0 +1,34 @@
+"""Alerts to a chat webhook: a failure is logged with the target's scheme and host only (a chat
+webhook's path is its secret), and a redirect is a failure, never followed."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from reminders.alerts import raise_alert
+from tests.couponcenter.core.test_webhooks import Server
+
+
+@pytest.fixture
+def servers():
+    made: list[Server] = []
+    yield made
+    for server in made:
+        server.httpd.shutdown()
+
+
+@pytest.mark.parametrize("status", [500, 307])
+def test_a_failing_alert_webhook_is_logged_without_its_secret(settings, servers, caplog, status):
+    elsewhere = Server()
+    hook = Server(status, redirect_to=f"{elsewhere.origin}/steal")
+    servers += [elsewhere, hook]
+    settings.ALERT_WEBHOOK_URL = f"{hook.origin}/hooks/T000/B000/SECRETPATH"
+    with caplog.at_level(logging.ERROR, logger="reminders.alerts"):
+        raise_alert(title="3 reminders dead", details={"topic": "coupon.reminder"})
+    failures = [r for r in caplog.records if "alert webhook failed" in r.getMessage()]
+    assert len(failures) == 1 and hook.origin in failures[0].getMessage()
+    assert str(status) in failures[0].getMessage()
+    assert "SECRETPATH" not in caplog.text
+    assert len(hook.requests) == 1 and elsewhere.requests == []

@@ -7,10 +7,12 @@ read-only here, since a claim moves stock and writes an expiry task in one servi
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -39,9 +41,13 @@ def register_coupon_count(name: str, label: str, count: CouponCount) -> None:
     setattr(CouponAdmin, name, display)
 
 
+MAX_SHIFT = timedelta(days=3650)
+
+
 class MoveOpeningForm(forms.Form):
     shift = forms.DurationField(
         help_text="Move the opening time by this much, e.g. 00:10:00 (later) or -00:05:00.",
+        validators=[MinValueValidator(-MAX_SHIFT), MaxValueValidator(MAX_SHIFT)],
     )
 
 

@@ -58,8 +58,14 @@ class ExpirySettings(LiveSettings):
     batch_size = models.PositiveIntegerField(
         default=2000, validators=[MinValueValidator(1), MaxValueValidator(100_000)]
     )
-    interval = models.DurationField(default=timedelta(seconds=60))
-    retention = models.DurationField(default=timedelta(days=7))
+    interval = models.DurationField(
+        default=timedelta(seconds=60),
+        validators=[MinValueValidator(timedelta(seconds=1)), MaxValueValidator(timedelta(days=1))],
+    )
+    retention = models.DurationField(
+        default=timedelta(days=7),
+        validators=[MinValueValidator(timedelta(0)), MaxValueValidator(timedelta(days=3650))],
+    )
 
     class Meta:
         verbose_name = "expiry settings"

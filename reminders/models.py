@@ -7,6 +7,7 @@ is due when, and which are in flight). A write commits here first and is indexed
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -17,6 +18,9 @@ from reminders.engine.topics import TopicSettings
 
 # A failed reminder's retries wait at most this long (or the base backoff, if that is longer).
 BACKOFF_CAP_MS = 300_000
+# The "drop" late policy's limit: past a week a reminder helps nobody (and "now - limit" must
+# stay a valid time).
+MAX_LATE_LIMIT = timedelta(days=7)
 
 
 class TimeoutJob(models.Model):
@@ -168,14 +172,23 @@ class ReminderSettings(LiveSettings):
         default=1000, validators=[MaxValueValidator(3_600_000)]
     )
     late_policy = models.CharField(max_length=8, choices=LatePolicy.choices, default="send")
-    late_limit = models.DurationField(default=timedelta(minutes=5))
+    late_limit = models.DurationField(
+        default=timedelta(minutes=5),
+        validators=[MinValueValidator(timedelta(0)), MaxValueValidator(MAX_LATE_LIMIT)],
+    )
     paused = models.BooleanField(default=False)
     gateway = models.CharField(max_length=10, choices=Gateway.choices, default="inbox")
     # Backpressure: claiming slows when the Celery delivery queue is deeper than this.
-    max_delivery_queue = models.PositiveIntegerField(default=200)
+    max_delivery_queue = models.PositiveIntegerField(
+        default=200, validators=[MaxValueValidator(1_000_000)]
+    )
     # Console warnings.
-    backlog_warning = models.PositiveIntegerField(default=10_000)
-    lateness_warning_ms = models.PositiveIntegerField(default=1000)
+    backlog_warning = models.PositiveIntegerField(
+        default=10_000, validators=[MaxValueValidator(1_000_000_000)]
+    )
+    lateness_warning_ms = models.PositiveIntegerField(
+        default=1000, validators=[MaxValueValidator(86_400_000)]
+    )
 
     class Meta:
         verbose_name = "reminder settings"
@@ -183,6 +196,12 @@ class ReminderSettings(LiveSettings):
 
     def __str__(self) -> str:
         return f"Reminder settings v{self.version}"
+
+    def clean(self) -> None:
+        if self.gateway == self.Gateway.WEBHOOK and not settings.NOTIFY_WEBHOOK_URL:
+            raise ValidationError(
+                {"gateway": "The webhook gateway needs NOTIFY_WEBHOOK_URL in the environment."}
+            )
 
     def topic_settings(self) -> TopicSettings:
         """What the engine takes from this row for each reminder topic: the one mapping from live

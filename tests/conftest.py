@@ -12,6 +12,8 @@ from django.db import connection
 
 from couponcenter.celery import app as celery_app
 from couponcenter.core.redis import get_redis, is_cluster
+from expiry.services import expiry_settings_cache_clear
+from reminders.selectors import reminder_settings_forget
 from tests.support.settings_rows import reminder_settings_row
 
 
@@ -80,6 +82,17 @@ def django_db_setup(django_db_setup, django_db_blocker):
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
+
+
+@pytest.fixture(autouse=True)
+def fresh_live_settings():
+    """No live settings row cached from another test's database (each process keeps the row
+    for a moment; a test must read its own)."""
+    reminder_settings_forget()
+    expiry_settings_cache_clear()
+    yield
+    reminder_settings_forget()
+    expiry_settings_cache_clear()
 
 
 @pytest.fixture

@@ -4,17 +4,28 @@ As django-celery-beat's "changed at" row: every save of a settings row goes thro
 ``live_settings_save``, which bumps the row's ``version`` (a ``queryset.update()`` elsewhere must
 bump it too). Readers (``LiveSettingsReader``) keep the row for a short time; after that they read
 only ``(pk, version)`` and reload the row when the marker moved, so a worker polling every tick
-costs one narrow query and an operator's edit applies within one poll, without a restart.
+costs one narrow query and an operator's edit applies within one poll, without a restart. The
+marker read is ``(pk, version, updated_at)``, so a row recreated or restored under a version seen
+before is read again too.
+
+The models hold the bounds (validators, ``clean()``), so the admin and the API refuse the same
+values. A row that is invalid all the same (written behind the services' back) is reported once
+per version and skipped: readers keep the last good row (or the defaults), so a bad value never
+crashes a worker.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Generic, TypeVar
 
+from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.db.models import F
+
+logger = logging.getLogger(__name__)
 
 
 class LiveSettings(models.Model):
@@ -39,6 +50,9 @@ class LiveSettingsReader(Generic[S]):
         self._lock = threading.Lock()
         self._row: S | None = None
         self._checked = float("-inf")
+        # The (pk, version, updated_at) found invalid, reported once: a row restored or recreated
+        # later under the same version is read again.
+        self._refused: tuple | None = None
 
     def get(self, *, max_age_s: float | None = None) -> S:
         """The row as of at most ``max_age_s`` seconds ago (0: check the marker now)."""
@@ -46,18 +60,38 @@ class LiveSettingsReader(Generic[S]):
         row = self._row
         if row is not None and time.monotonic() - self._checked < max_age_s:
             return row
-        marker = self.model.objects.order_by("pk").values_list("pk", "version").first()
-        if row is None or marker != (row.pk, row.version):
-            row = self.model.objects.order_by("pk").first()
-            if row is None:
-                row, _ = self.model.objects.get_or_create(pk=1)
+        marker = (
+            self.model.objects.order_by("pk").values_list("pk", "version", "updated_at").first()
+        )
+        if marker is None or (
+            marker != self._refused
+            and (row is None or marker != (row.pk, row.version, row.updated_at))
+        ):
+            row = self._load(row)
+        elif row is None:  # the stored row is invalid and no good one was ever read
+            row = self.model(pk=marker[0])
         with self._lock:
             self._row, self._checked = row, time.monotonic()
         return row
 
+    def _load(self, last_good: S | None) -> S:
+        loaded = self.model.objects.order_by("pk").first()
+        if loaded is None:
+            loaded, _ = self.model.objects.get_or_create(pk=1)
+        try:
+            loaded.full_clean()
+        except ValidationError as exc:
+            self._refused = (loaded.pk, loaded.version, loaded.updated_at)
+            logger.error(
+                "%s version %s is invalid, keeping the last good settings: %s",
+                self.model.__name__, loaded.version, exc.message_dict,
+            )  # fmt: skip
+            return last_good if last_good is not None else self.model(pk=loaded.pk)
+        return loaded
+
     def clear(self) -> None:
         with self._lock:
-            self._row, self._checked = None, float("-inf")
+            self._row, self._checked, self._refused = None, float("-inf"), None
 
 
 def live_settings_save(*, instance: S) -> S:

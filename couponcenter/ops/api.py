@@ -7,8 +7,9 @@ serializers.
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -254,6 +255,19 @@ class ExpirySettingsSerializer(serializers.ModelSerializer):
         return attrs
 
 
+class ConfigErrorSerializer(serializers.Serializer):
+    errors = serializers.DictField(
+        child=serializers.JSONField(),
+        help_text="Per section (`reminder`, `expiry`), the messages per setting; an unknown "
+        "section or a body that is not an object has a list of messages instead.",
+    )
+
+
+CONFIG_BAD_REQUEST = OpenApiResponse(
+    ConfigErrorSerializer, description="Bad input: messages per section and setting."
+)
+
+
 class ConfigApi(APIView):
     permission_classes = [IsStaff]
 
@@ -293,36 +307,49 @@ class ConfigApi(APIView):
         operation_id="ops_config_update",
         summary="Change the live configuration (validated as in the admin; bumps the version)",
         request=InputSerializer,
-        responses={200: OutputSerializer, **error_responses(400, 403)},
+        responses={200: OutputSerializer, 400: CONFIG_BAD_REQUEST, **error_responses(403)},
     )
     def patch(self, request: Request) -> Response:
+        if not isinstance(request.data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["Send a JSON object."]})
+        errors: dict = {
+            name: ["Unknown section; known: reminder, expiry."]
+            for name in request.data
+            if name not in {"reminder", "expiry"}
+        }
         body = self.InputSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        reminder = ReminderSettingsSerializer(
-            reminder_settings_get(fresh=True), data=body.validated_data.get("reminder") or {},
-            partial=True,
-        )  # fmt: skip
-        expiry = ExpirySettingsSerializer(
-            expiry_services.expiry_settings_get(max_age=0),
-            data=body.validated_data.get("expiry") or {},
-            partial=True,
-        )
-        errors = {}
-        if not reminder.is_valid():
-            errors["reminder"] = reminder.errors
-        if not expiry.is_valid():
-            errors["expiry"] = expiry.errors
+        if not body.is_valid():
+            errors.update(body.errors)
+        data = body.validated_data if not errors else {}
+        sections = {
+            "reminder": (reminder_settings_get(fresh=True), ReminderSettingsSerializer),
+            "expiry": (expiry_services.expiry_settings_get(max_age=0), ExpirySettingsSerializer),
+        }
+        changed = {}
+        for name, (live, serializer_class) in sections.items():
+            # The stored row (not the cached live one, which stays as it is until the save; a row
+            # invalid in the database is fixed here by sending its bad fields too).
+            row = type(live).objects.get(pk=live.pk)
+            fields = data.get(name) or {}
+            serializer = serializer_class(row, data=fields, partial=True)
+            unknown = {k: ["Unknown setting."] for k in fields if k not in serializer.fields}
+            if unknown or not serializer.is_valid():
+                errors[name] = {**unknown, **(serializer.errors if not unknown else {})}
+                continue
+            for field, value in serializer.validated_data.items():
+                setattr(row, field, value)
+            try:
+                row.full_clean()  # the model's bounds and rules, as the admin applies them
+            except DjangoValidationError as exc:
+                errors[name] = exc.message_dict
+                continue
+            if serializer.validated_data:
+                changed[name] = row
         if errors:
             raise serializers.ValidationError(errors)
         with transaction.atomic():
-            if reminder.validated_data:
-                row = reminder.instance
-                for name, value in reminder.validated_data.items():
-                    setattr(row, name, value)
-                services.reminder_settings_save(instance=row)
-            if expiry.validated_data:
-                config = expiry.instance
-                for name, value in expiry.validated_data.items():
-                    setattr(config, name, value)
-                expiry_services.expiry_settings_save(config=config)
+            if "reminder" in changed:
+                services.reminder_settings_save(instance=changed["reminder"])
+            if "expiry" in changed:
+                expiry_services.expiry_settings_save(config=changed["expiry"])
         return Response(self._body())

@@ -79,13 +79,32 @@ def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
     parts = batch["parts"] if "parts" in batch else [[batch["slot"], batch["members"]]]
     slot_of = {member: slot for slot, members in parts for member in members}
     members = list(slot_of)
+    attempts = batch.get("attempts") or {}
     live = reminder_settings_get()
-    gateway = gateway_for(live.gateway)
-    if isinstance(gateway, InboxGateway):
-        report = _deliver_inbox(gateway, members, live)
-    else:
-        report = _deliver_external(gateway, members, batch.get("attempts") or {}, live)
+    try:
+        gateway = gateway_for(live.gateway)
+        if isinstance(gateway, InboxGateway):
+            report = _deliver_inbox(gateway, members, live)
+        else:
+            report = _deliver_external(gateway, members, attempts, live)
+    except Exception as exc:  # noqa: BLE001 - whatever failed, the batch is settled as failed
+        report = _crashed(members, attempts, live, exc)
     return _settle(topic, slot_of, live, report)
+
+
+def _crashed(
+    members: list[str], attempts: dict[str, int], live: ReminderSettings, exc: Exception
+) -> Report:
+    """The whole batch failed before any message was out (the inbox transaction rolled back):
+    every entry is failed with the real error, retried or dead by its attempts, never left in
+    flight for the reaper (which could only say "visibility timeout")."""
+    logger.exception("delivering %d reminders failed", len(members))
+    error = f"{exc.__class__.__name__}: {exc}"[:300]
+    report = Report(failed=[(member, error) for member in members])
+    report.dead = [
+        ReminderMember.sub_id_of(m) for m in members if attempts.get(m, 1) >= live.max_attempts
+    ]
+    return report
 
 
 # --- inbox: one transaction ----------------------------------------------------------------------

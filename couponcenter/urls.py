@@ -6,6 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from couponcenter.core import health
+from couponcenter.core.api.errors import bad_request
 from couponcenter.ops.views import console_urls
 
 urlpatterns = [
@@ -20,3 +21,5 @@ urlpatterns = [
     path("healthz/live/", health.live, name="healthz-live"),
     path("metrics", health.metrics, name="metrics"),
 ]
+
+handler400 = bad_request

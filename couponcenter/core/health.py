@@ -115,14 +115,16 @@ def ready(request: HttpRequest) -> JsonResponse:
 def metrics_allowed(request: HttpRequest) -> bool:
     """A bearer token equal to ``METRICS_TOKEN``, or a direct loopback caller.
 
-    A loopback request that carries ``X-Forwarded-For`` came through a local proxy, which may be
-    forwarding anyone: it needs the token like everybody else.
+    A loopback request that carries a proxy header (``X-Forwarded-For``, ``Forwarded``,
+    ``X-Real-IP``) came through a local proxy, which may be forwarding anyone: it needs the token
+    like everybody else. Loopback callers are trusted only with ``METRICS_ALLOW_LOOPBACK``, on by
+    default in development only.
     """
     token = settings.METRICS_TOKEN
     header = request.headers.get("Authorization", "")
     if token and header.startswith("Bearer "):
         return hmac.compare_digest(header[len("Bearer ") :].encode(), token.encode())
-    proxied = "X-Forwarded-For" in request.headers or "Forwarded" in request.headers
+    proxied = any(h in request.headers for h in ("X-Forwarded-For", "Forwarded", "X-Real-IP"))
     return (
         settings.METRICS_ALLOW_LOOPBACK
         and not proxied

@@ -19,3 +19,13 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
+
+
+class AsWarning(logging.Filter):
+    """Log the record as a WARNING without its traceback: for events that are the client's fault
+    (a body over the size limit), which Django logs as errors with a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info = record.exc_text = None
+        return True

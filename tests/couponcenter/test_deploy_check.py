@@ -60,3 +60,35 @@ def test_secrets_come_from_the_environment():
     done = manage("shell", "-c", script, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "('', '', False)"
+
+
+PRODUCTION_PROBE = """
+from django.conf import settings as s
+from django.test import Client
+from rest_framework.settings import api_settings
+c = Client(HTTP_HOST="example.com")
+print(repr((
+    s.METRICS_ALLOW_LOOPBACK,
+    [r.__name__ for r in api_settings.DEFAULT_RENDERER_CLASSES],
+    c.get("/api/schema/", secure=True).status_code,
+    c.get("/api/docs/", secure=True).status_code,
+)))
+"""
+
+
+def test_production_defaults_hide_the_browsable_api_and_the_schema_and_close_metrics():
+    done = manage("shell", "-c", PRODUCTION_PROBE, env=production_env())
+    assert done.returncode == 0, done.stderr
+    loopback, renderers, schema, docs = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307
+    assert loopback is False  # /metrics needs METRICS_TOKEN
+    assert renderers == ["JSONRenderer"]
+    assert schema in (401, 403) and docs in (401, 403)
+
+
+def test_development_keeps_them_and_an_operator_can_open_them_in_production():
+    env = production_env(API_BROWSABLE="1", API_DOCS_PUBLIC="1", METRICS_ALLOW_LOOPBACK="1")
+    done = manage("shell", "-c", PRODUCTION_PROBE, env=env)
+    assert done.returncode == 0, done.stderr
+    loopback, renderers, schema, docs = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307
+    assert loopback is True and "BrowsableAPIRenderer" in renderers
+    assert schema == 200 and docs == 200

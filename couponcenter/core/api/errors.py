@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import NON_FIELD_ERRORS
+from django.core.exceptions import NON_FIELD_ERRORS, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from drf_spectacular.utils import OpenApiResponse, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import ParseError, ValidationError
@@ -80,3 +82,15 @@ def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
     """The standard error responses for ``extend_schema(responses=...)``; 401 always."""
     table = {400: BAD_REQUEST, 403: FORBIDDEN, 404: NOT_FOUND, 429: THROTTLED}
     return {401: UNAUTHENTICATED, **{code: table[code] for code in codes}}
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's 400 handler (a body Django refused before any view ran): JSON in the API's error
+    shape under ``/api/``, with 413 for a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``."""
+    if not request.path.startswith("/api/"):
+        return defaults.bad_request(request, exception)
+    if isinstance(exception, RequestDataTooBig):
+        message = "The request body is too large."
+        return JsonResponse({"errors": {api_settings.NON_FIELD_ERRORS_KEY: [message]}}, status=413)
+    message = "Bad request."
+    return JsonResponse({"errors": {api_settings.NON_FIELD_ERRORS_KEY: [message]}}, status=400)

@@ -157,3 +157,9 @@ def test_multiprocess_mode_adds_up_every_process(tmp_path, monkeypatch, redis_pr
     labels = 'event="dispatched",topic="t.multi"'
     assert sample(text, "couponcenter_reminder_events_total", labels) == 7
     assert sample(text, "couponcenter_state_up", 'source="redis"') == 1  # the state is there too
+
+
+def test_a_loopback_caller_behind_a_proxy_header_needs_the_token(settings):
+    settings.METRICS_TOKEN = "s3cret-token"
+    for header in ("HTTP_X_REAL_IP", "HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED"):
+        assert scrape(**{header: "203.0.113.9"})[0] == 403, header

@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 HOST ?= 127.0.0.1
+# Development settings for everything started from here (production defaults DEBUG to off).
+export DEBUG ?= 1
 
 .PHONY: install run test test-chaos lint format bench clean
 

@@ -33,8 +33,10 @@ def _env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-DEV_SECRET_KEY = "dev-insecure-coupon-center-key-do-not-use-in-production"
-DEBUG = _env_bool("DEBUG", True)
+# Off unless switched on: `make run`, `make test` and the test suite set DEBUG=1. The development
+# key carries Django's "django-insecure-" prefix, so `check --deploy` flags it (security.W009).
+DEV_SECRET_KEY = "django-insecure-coupon-center-development-key-do-not-use-in-production"
+DEBUG = _env_bool("DEBUG", False)
 SECRET_KEY = os.environ.get("SECRET_KEY", DEV_SECRET_KEY)
 if not DEBUG and SECRET_KEY == DEV_SECRET_KEY:
     raise ImproperlyConfigured("SECRET_KEY must be set in production (DEBUG is off)")

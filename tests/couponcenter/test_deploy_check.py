@@ -92,3 +92,18 @@ def test_development_keeps_them_and_an_operator_can_open_them_in_production():
     loopback, renderers, schema, docs = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307
     assert loopback is True and "BrowsableAPIRenderer" in renderers
     assert schema == 200 and docs == 200
+
+
+def test_debug_is_off_unless_switched_on():
+    env = production_env()
+    env.pop("DEBUG")
+    done = manage("shell", "-c", "from django.conf import settings; print(settings.DEBUG)", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_the_development_key_is_flagged_by_the_deploy_check():
+    env = production_env(DEBUG="1")
+    del env["SECRET_KEY"]  # the published development key
+    done = manage("check", "--deploy", env=env)
+    assert "security.W009" in done.stdout + done.stderr

@@ -41,8 +41,7 @@ format: install
 	$(VENV)/bin/ruff check --fix .
 
 bench: install
-	$(PY) manage.py bench_reminders --count 200000
-	$(PY) manage.py bench_expiry --count 1000000 --workers 2
+	$(PY) manage.py bench_all
 
 clean:
 	rm -rf var/ .pytest_cache .ruff_cache

@@ -110,6 +110,11 @@ def coupon_update(*, coupon: Coupon, **fields: Any) -> Coupon:
             stock.stock_recut(coupon=coupon, shards=shards)
         if (coupon.claim_opens_at, coupon.reminder_lead) != before:
             signals.coupon_rescheduled.send(sender=Coupon, coupon=coupon)
+        reason = rules.reminder_drop_reason(
+            now=timezone.now(), **rules.fields_of(coupon, stock=True)
+        )
+        if reason:
+            signals.coupon_unclaimable.send(sender=Coupon, coupon=coupon, reason=reason)
     return coupon
 
 

@@ -332,6 +332,9 @@ if os.environ.get("TIMEOUT_TOPICS_JSON"):
         raise ImproperlyConfigured(f"TIMEOUT_TOPICS_JSON is not valid JSON: {exc}") from exc
 # The http topic type refuses plain-HTTP targets unless this is on (tests, local receivers).
 WEBHOOK_ALLOW_HTTP = _env_bool("WEBHOOK_ALLOW_HTTP", DEBUG)
+# Outbound calls to private, loopback and link-local addresses (DESIGN.md section 7): development
+# and tests only; checked on the address actually connected to.
+WEBHOOK_ALLOW_PRIVATE = _env_bool("WEBHOOK_ALLOW_PRIVATE", DEBUG)
 WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "5"))
 WORKER_LEASE_MS = int(os.environ.get("WORKER_LEASE_MS", "5000"))
 WORKER_MIN_SLEEP_MS = float(os.environ.get("WORKER_MIN_SLEEP_MS", "20"))

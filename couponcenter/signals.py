@@ -11,3 +11,6 @@ from django.dispatch import Signal
 coupon_rescheduled = Signal()
 # The coupon was cancelled: kwargs ``coupon``.
 coupon_cancelled = Signal()
+# A change left the coupon unclaimable at its opening (``sold_out`` or ``closed``): kwargs
+# ``coupon`` and ``reason``.
+coupon_unclaimable = Signal()

@@ -9,7 +9,7 @@ from typing import Any
 import requests
 from django.conf import settings
 
-from couponcenter.core.webhooks import origin
+from couponcenter.core.webhooks import guarded_session, origin
 
 logger = logging.getLogger(__name__)
 
@@ -24,12 +24,13 @@ def raise_alert(*, title: str, details: dict[str, Any]) -> None:
     # A chat webhook's path is its secret: a failure names the scheme and host only, and no
     # redirect is followed. A refused alert must show in the log, not vanish.
     try:
-        response = requests.post(
-            url,
-            json={"text": text, "title": title, "details": details},
-            timeout=settings.WEBHOOK_TIMEOUT_S,
-            allow_redirects=False,
-        )
+        with guarded_session() as session:
+            response = session.post(
+                url,
+                json={"text": text, "title": title, "details": details},
+                timeout=settings.WEBHOOK_TIMEOUT_S,
+                allow_redirects=False,
+            )
         failure = f"HTTP {response.status_code}" if response.status_code >= 300 else ""
     except requests.RequestException as exc:
         failure = exc.__class__.__name__

@@ -1,5 +1,6 @@
 from django.apps import AppConfig
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from couponcenter import signals as coupon_signals
 from couponcenter.core import health
@@ -13,6 +14,11 @@ class RemindersConfig(AppConfig):
     verbose_name = "Reminders and timeouts"
 
     def ready(self) -> None:
+        from reminders.checks import config_errors
+
+        errors = config_errors()
+        if errors:  # refuse to start: outbound calls would be signed with a guessable key
+            raise ImproperlyConfigured("; ".join(errors))
         # The engine is plain Python: it gets its connection and key prefix from here (the prefix
         # is read at call time, so each test may have its own).
         connection.install(
@@ -37,4 +43,7 @@ class RemindersConfig(AppConfig):
         )
         coupon_signals.coupon_cancelled.connect(
             receivers.on_coupon_cancelled, dispatch_uid="reminders.coupon_cancelled"
+        )
+        coupon_signals.coupon_unclaimable.connect(
+            receivers.on_coupon_unclaimable, dispatch_uid="reminders.coupon_unclaimable"
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 import requests
@@ -18,7 +19,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from couponcenter.core.webhooks import check_target, post_signed
+from couponcenter.core.webhooks import check_target, guarded_session, post_signed, secret_problem
 from reminders.models import Notification
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,9 @@ class Message:
     body: str
     payload: dict[str, Any] = field(default_factory=dict)
     kind: str = "coupon_reminder"
+    # Pre-staged: not to be shown before this moment (the inbox hides it until then; gateways
+    # that push at once never get a staged message, see ``ReminderSettings.topic_settings``).
+    visible_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -56,16 +60,19 @@ class InboxGateway:
         # One multi-row INSERT ... ON CONFLICT DO NOTHING per chunk: the ORM's bulk_create spends
         # more time preparing values than PostgreSQL spends writing them.
         table = Notification._meta.db_table
-        now = timezone.now()
-        rows = [(m.user_id, m.dedup_key, m.kind, m.title, m.body, json.dumps(m.payload), now)
-                for m in messages]  # fmt: skip
+        # Times as the ORM writes them (SQLite keeps naive UTC text and compares it as text).
+        db_time = connection.ops.adapt_datetimefield_value
+        now = db_time(timezone.now())
+        rows = [(m.user_id, m.dedup_key, m.kind, m.title, m.body, json.dumps(m.payload), now,
+                 db_time(m.visible_at) if m.visible_at else now) for m in messages]  # fmt: skip
         with connection.cursor() as cursor:
             for start in range(0, len(rows), INSERT_CHUNK):
                 chunk = rows[start : start + INSERT_CHUNK]
-                values = ",".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
+                values = ",".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
                 cursor.execute(
                     f"INSERT INTO {table} (user_id, dedup_key, kind, title, body, payload, "
-                    f"created_at) VALUES {values} ON CONFLICT (user_id, dedup_key) DO NOTHING",
+                    f"created_at, visible_at) VALUES {values} "
+                    "ON CONFLICT (user_id, dedup_key) DO NOTHING",
                     [value for row in chunk for value in row],
                 )
         return [Delivered(True)] * len(messages)
@@ -82,7 +89,8 @@ class LogGateway:
 
 
 class WebhookGateway:
-    """A signed HTTP POST per message (HMAC-SHA256 of the body), with an idempotency key."""
+    """A signed HTTP POST per message (HMAC-SHA256 of timestamp and body), with an idempotency
+    key; refuses a secret under 32 bytes."""
 
     name = "webhook"
 
@@ -92,10 +100,13 @@ class WebhookGateway:
         if not self.url:
             raise ValueError("NOTIFY_WEBHOOK_URL is not set")
         check_target(self.url, what="webhook")
+        problem = secret_problem(self.secret, what="NOTIFY_WEBHOOK_SECRET")
+        if problem:
+            raise ValueError(problem)
 
     def deliver(self, messages: list[Message]) -> list[Delivered]:
         results = []
-        with requests.Session() as session:
+        with guarded_session() as session:
             for m in messages:
                 body = json.dumps(
                     {"user_id": m.user_id, "kind": m.kind, "title": m.title, "body": m.body,

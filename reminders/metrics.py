@@ -3,8 +3,9 @@ the reminder events and lateness counters (the queue gauges read at scrape time 
 ``reminders.collector``).
 
 Per topic and minute, one hash ``<prefix>:metrics:{<topic>}:<minute>`` holds counts (dispatched,
-delivered, failed, dropped, dead) and a lateness histogram (``lat:<bucket upper bound ms>``). Each
-hash expires after ``RETENTION_S``, so memory is bounded by topics x minutes kept.
+delivered, failed, dropped, dead, and orphaned: entries the reconcile removed) and a lateness
+histogram (``lat:<bucket upper bound ms>``). Each hash expires after ``RETENTION_S``, so memory is
+bounded by topics x minutes kept.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from prometheus_client import Counter, Histogram
 from couponcenter.core.redis import get_redis
 
 RETENTION_S = 2 * 3600
-COUNTS = ("dispatched", "delivered", "failed", "dropped", "dead")
+COUNTS = ("dispatched", "delivered", "failed", "dropped", "dead", "orphaned")
 # Upper bounds (ms) of the lateness buckets; the last one catches everything later.
 LATENESS_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 60_000, 10**12)
 

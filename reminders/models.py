@@ -12,12 +12,15 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from couponcenter.core.live_settings import LiveSettings
 from reminders.engine.topics import TopicSettings
 
 # A failed reminder's retries wait at most this long (or the base backoff, if that is longer).
 BACKOFF_CAP_MS = 300_000
+# Reminders are pre-staged at most this far ahead of their due time.
+MAX_PRESTAGE_MS = 600_000
 # The "drop" late policy's limit: past a week a reminder helps nobody (and "now - limit" must
 # stay a valid time).
 MAX_LATE_LIMIT = timedelta(days=7)
@@ -28,6 +31,8 @@ class TimeoutJob(models.Model):
 
     class Status(models.IntegerChoices):
         PENDING = 0, "Pending"
+        # Taken by a worker to fire: no longer cancellable or movable (exactly one outcome).
+        RUNNING = 1, "Running"
         PROCESSED = 2, "Processed"
         CANCELLED = 3, "Cancelled"
         # Past its attempt limit: it sits in the topic's dead queue until requeued or purged.
@@ -115,6 +120,9 @@ class Notification(models.Model):
     body = models.TextField(blank=True, default="")
     payload = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Shown from this moment on: a reminder pre-staged ahead of its due time is written early
+    # and stays out of the inbox until then (``ReminderSettings.prestage_ms``).
+    visible_at = models.DateTimeField(default=timezone.now)
     read_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -178,6 +186,17 @@ class ReminderSettings(LiveSettings):
     )
     paused = models.BooleanField(default=False)
     gateway = models.CharField(max_length=10, choices=Gateway.choices, default="inbox")
+    prestage_ms = models.PositiveIntegerField(
+        "pre-stage window (ms)",
+        default=30_000,
+        validators=[MaxValueValidator(MAX_PRESTAGE_MS)],
+        help_text=(
+            "Inbox gateway only: reminders due within this window are delivered ahead of time "
+            "into inbox rows that stay hidden until their due moment, so a burst of 200,000 "
+            "due in one second is on time. A cancel, an unsubscribe or a coupon that can no "
+            "longer be claimed before the due moment withdraws them. 0 turns it off."
+        ),
+    )
     # Backpressure: claiming slows when the Celery delivery queue is deeper than this.
     max_delivery_queue = models.PositiveIntegerField(
         default=200, validators=[MaxValueValidator(1_000_000)]
@@ -214,6 +233,7 @@ class ReminderSettings(LiveSettings):
             backoff_base_ms=self.backoff_ms,
             backoff_cap_ms=max(self.backoff_ms, BACKOFF_CAP_MS),
             paused=self.paused,
+            lookahead_ms=self.prestage_ms if self.gateway == self.Gateway.INBOX else 0,
         )
 
 

@@ -6,7 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from couponcenter.models import Coupon
-from reminders.services import subscriptions_cancel_for_coupon, subscriptions_reschedule_for_coupon
+from reminders.services import (
+    subscriptions_cancel_for_coupon,
+    subscriptions_drop_for_coupon,
+    subscriptions_reschedule_for_coupon,
+)
 
 
 def on_coupon_rescheduled(sender: type[Coupon], *, coupon: Coupon, **kwargs: Any) -> None:
@@ -15,3 +19,9 @@ def on_coupon_rescheduled(sender: type[Coupon], *, coupon: Coupon, **kwargs: Any
 
 def on_coupon_cancelled(sender: type[Coupon], *, coupon: Coupon, **kwargs: Any) -> None:
     subscriptions_cancel_for_coupon(coupon=coupon)
+
+
+def on_coupon_unclaimable(
+    sender: type[Coupon], *, coupon: Coupon, reason: str, **kwargs: Any
+) -> None:
+    subscriptions_drop_for_coupon(coupon=coupon, reason=reason)

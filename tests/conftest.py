@@ -16,8 +16,14 @@ from expiry.services import expiry_settings_cache_clear
 from reminders.selectors import reminder_settings_forget
 from tests.support.settings_rows import reminder_settings_row
 
+# Under CI=1 (``.ci/run``) every test must run: a skip (no browser, no cluster, no PostgreSQL) is a
+# failure, and the suite refuses to start on anything but PostgreSQL.
+STRICT = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
 
 def pytest_configure(config):
+    if STRICT and not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        raise pytest.UsageError("CI=1 runs on PostgreSQL only: set DATABASE_URL=postgres://...")
     # Embedded Redis for a laptop with nothing installed: start it before any test imports a client.
     if not os.environ.get("REDIS_URL"):
         from couponcenter.core.redis import ensure_embedded_server
@@ -31,6 +37,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "postgres" in item.keywords and not on_postgres:
             item.add_marker(skip_pg)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if STRICT and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=1, where every test must run: {reason}"
 
 
 @pytest.fixture

@@ -1,29 +1,82 @@
 """The one signed-POST helper for every outbound call (the reminders' webhook gateway, ``http``
-timeout topics).
+timeout topics; alerts use ``guarded_session`` too).
 
-A body is JSON bytes signed with HMAC-SHA256 (``X-Coupon-Center-Signature: sha256=<hex>``) and
-sent with an ``Idempotency-Key``, so a receiver can check who sent it and absorb a redelivery.
-Plain-HTTP targets are refused unless ``WEBHOOK_ALLOW_HTTP`` is on (development and tests),
-whatever the case of the scheme. A redirect is a failure and is never followed (following it
-would re-send the body, the signature and the idempotency key to wherever it points). A failure
-names the target by its scheme and host only: a webhook's path and query often are its secret, and
-the message ends up in logs, ``last_error`` columns and the API.
+A body is JSON bytes signed with HMAC-SHA256 over ``"<timestamp>." + body``
+(``X-Coupon-Center-Signature: sha256=<hex>``, ``X-Coupon-Center-Timestamp: <unix seconds>``) and
+sent with an ``Idempotency-Key``, so a receiver can check who sent it, reject a replay of an old
+request (``verify``'s tolerance) and absorb a redelivery (README, "Verifying a webhook").
+
+Refused targets:
+- plain HTTP unless ``WEBHOOK_ALLOW_HTTP`` is on (development and tests), whatever the case of the
+  scheme;
+- private, loopback, link-local and other non-public addresses unless ``WEBHOOK_ALLOW_PRIVATE`` is
+  on (DESIGN.md section 7), checked on the address the socket actually connected to, before a
+  byte is sent (``guarded_session``): a name that resolves to an internal address, or is
+  re-pointed to one after a first check, is refused;
+- a redirect is a failure and is never followed (following it would re-send the body, the
+  signature and the idempotency key to wherever it points).
+
+A failure names the target by its scheme and host only: a webhook's path and query often are its
+secret, and the message ends up in logs, ``last_error`` columns and the API.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
+import time
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
 from django.conf import settings
+from requests.adapters import HTTPAdapter
 
 SIGNATURE_HEADER = "X-Coupon-Center-Signature"
+TIMESTAMP_HEADER = "X-Coupon-Center-Timestamp"
+# A receiver should refuse a request signed longer ago than this (a replay).
+REPLAY_TOLERANCE_S = 300
+# A signing key shorter than this can be guessed; an empty one lets anyone forge a request.
+MIN_SECRET_BYTES = 32
 
 
-def sign(secret: str, body: bytes) -> str:
-    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def secret_problem(secret: str, *, what: str) -> str | None:
+    """Why ``secret`` may not sign outbound calls (None: it may)."""
+    size = len(secret.encode())
+    if size < MIN_SECRET_BYTES:
+        state = "is empty" if not size else f"has {size} bytes"
+        return (
+            f"{what} {state}: a signing secret needs at least {MIN_SECRET_BYTES} bytes "
+            "(for example: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    return None
+
+
+def sign(secret: str, body: bytes, timestamp: int) -> str:
+    message = str(timestamp).encode() + b"." + body
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def verify(
+    secret: str,
+    body: bytes,
+    signature: str,
+    timestamp: str,
+    *,
+    now: float | None = None,
+    tolerance_s: int = REPLAY_TOLERANCE_S,
+) -> bool:
+    """What a receiver does with the two headers: the signature must match the body and the
+    timestamp, and the timestamp must be recent (both ways: a clock running ahead is no
+    excuse)."""
+    if not timestamp.isdigit() or not signature.startswith("sha256="):
+        return False
+    age = (time.time() if now is None else now) - int(timestamp)
+    if abs(age) > tolerance_s:
+        return False
+    expected = sign(secret, body, int(timestamp))
+    return hmac.compare_digest(signature.removeprefix("sha256="), expected)
 
 
 class OutboundCallFailed(requests.RequestException):
@@ -36,6 +89,86 @@ def origin(url: str) -> str:
     return f"{parts.scheme.lower()}://{parts.hostname or ''}" + (
         f":{parts.port}" if parts.port else ""
     )
+
+
+class PrivateAddressRefused(OSError):
+    """The target's address is not public and ``WEBHOOK_ALLOW_PRIVATE`` is off."""
+
+
+def address_refused(address: str) -> bool:
+    """True for an address outbound calls may not reach (unless WEBHOOK_ALLOW_PRIVATE)."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return not ip.is_global or ip.is_multicast
+
+
+def _check_peer(sock) -> None:
+    if settings.WEBHOOK_ALLOW_PRIVATE:
+        return
+    peer = sock.getpeername()[0]
+    if address_refused(peer):
+        sock.close()
+        raise PrivateAddressRefused(f"non-public address {peer} refused")
+
+
+class _GuardedConnection:
+    """Checks the connected peer before the connection is handed out (mixed into urllib3's)."""
+
+    def _new_conn(self):
+        sock = super()._new_conn()
+        _check_peer(sock)
+        return sock
+
+
+class _GuardedHTTPConnection(_GuardedConnection, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _GuardedHTTPSConnection(_GuardedConnection, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _GuardedHTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _GuardedHTTPConnection
+
+
+class _GuardedHTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _GuardedHTTPSConnection
+
+
+class _GuardedAdapter(HTTPAdapter):
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _GuardedHTTPPool,
+                                                   "https": _GuardedHTTPSPool}  # fmt: skip
+
+
+def guarded_session() -> requests.Session:
+    """A ``requests.Session`` whose connections refuse non-public peers (the address connected
+    to, checked before the request is written). No proxies from the environment: a proxy would
+    be the peer, and the target behind it unchecked."""
+    session = requests.Session()
+    session.trust_env = False
+    adapter = _GuardedAdapter()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def _refused_private(exc: BaseException) -> str | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, PrivateAddressRefused):
+            return str(exc)
+        for nested in (getattr(exc, "reason", None), *exc.args):
+            if isinstance(nested, BaseException):
+                found = _refused_private(nested)
+                if found:
+                    return found
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def check_target(url: str, *, what: str = "target") -> None:
@@ -53,11 +186,20 @@ def post_signed(
     session: requests.Session | None = None,
     what: str = "target",
 ) -> requests.Response:
-    """POST ``body`` signed; raises ``ValueError`` (refused target) or ``OutboundCallFailed`` (the
-    call failed, or the receiver answered a redirect or an error status)."""
+    """POST ``body`` signed (``session``: a ``guarded_session()`` to reuse its connections).
+
+    Raises ``ValueError`` (refused target or secret) or ``OutboundCallFailed`` (the call failed,
+    a non-public address was refused, or the receiver answered a redirect or an error status).
+    """
     check_target(url, what=what)
+    problem = secret_problem(secret, what=f"the secret of {origin(url)}")
+    if problem:
+        raise ValueError(problem)
+    timestamp = int(time.time())
+    own = session is None
+    session = session or guarded_session()
     try:
-        response = (session or requests).post(
+        response = session.post(
             url,
             data=body,
             timeout=settings.WEBHOOK_TIMEOUT_S,
@@ -65,11 +207,20 @@ def post_signed(
             headers={
                 "Content-Type": "application/json",
                 "Idempotency-Key": idempotency_key,
-                SIGNATURE_HEADER: f"sha256={sign(secret, body)}",
+                SIGNATURE_HEADER: f"sha256={sign(secret, body, timestamp)}",
+                TIMESTAMP_HEADER: str(timestamp),
             },
         )
     except requests.RequestException as exc:
+        refused = _refused_private(exc)
+        if refused:
+            raise OutboundCallFailed(
+                f"{what} {origin(url)} refused: {refused} (set WEBHOOK_ALLOW_PRIVATE=1)"
+            ) from None
         raise OutboundCallFailed(f"{exc.__class__.__name__} calling {origin(url)}") from None
+    finally:
+        if own:
+            session.close()
     if response.status_code >= 300:
         kind = "redirect (not followed)" if response.status_code < 400 else "error"
         raise OutboundCallFailed(f"HTTP {response.status_code} {kind} from {origin(url)}")

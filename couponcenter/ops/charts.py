@@ -115,6 +115,7 @@ COUNT_LINES = (
     ("failed", "failed", "#ef6c00"),
     ("dropped", "dropped", "#8e24aa"),
 )
+COUNTED = tuple(name for name, *_ in COUNT_LINES)
 LATENESS_LINES = (
     ("lateness_p50_ms", "p50", "#1565c0"),
     ("lateness_p99_ms", "p99", "#c62828"),

@@ -24,7 +24,7 @@ def overview_view(request: HttpRequest) -> HttpResponse:
             "lateness": charts.line_chart(
                 rows, charts.LATENESS_LINES, title=f"{topic}: lateness", unit="ms"
             ),
-            "totals": {k: sum(r[k] for r in rows) for k, *_ in charts.COUNT_LINES},
+            "totals": {k: sum(r.get(k, 0) for r in rows) for k in (*charts.COUNTED, "orphaned")},
         }
         for topic, rows in data["series"].items()
     ]

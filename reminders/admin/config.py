@@ -18,8 +18,8 @@ class ReminderSettingsAdmin(admin.ModelAdmin):
     readonly_fields = ["version", "updated_at"]
     fieldsets = [
         ("Queues", {"fields": ["slots", "batch_size", "tick_interval_ms", "paused"]}),
-        ("Delivery", {"fields": ["gateway", "visibility_timeout_ms", "max_attempts", "backoff_ms",
-                                 "merge_window_ms", "late_policy", "late_limit",
+        ("Delivery", {"fields": ["gateway", "prestage_ms", "visibility_timeout_ms", "max_attempts",
+                                 "backoff_ms", "merge_window_ms", "late_policy", "late_limit",
                                  "max_delivery_queue"]}),
         ("Console warnings", {"fields": ["backlog_warning", "lateness_warning_ms"]}),
         ("Version", {"fields": ["version", "updated_at"]}),

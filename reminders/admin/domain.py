@@ -2,23 +2,96 @@
 COUNT(*) (``show_full_result_count = False`` and an estimated count when unfiltered), exact-match
 searches that use an index, and no filter that lists a big related table."""
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
 
 from couponcenter.core.admin import EstimatedCountPaginator, exact_id
+from couponcenter.core.errors import BusinessError
 from reminders.models import Notification, ReminderSubscription, TimeoutJob
+from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
+from reminders.services import timeout_job_cancel, timeout_job_ensure, timeout_job_reschedule
+
+# Jobs one "cancel" action handles (one conditional UPDATE and one Redis call each).
+CANCEL_CAP = 1000
+
+
+class TimeoutJobForm(forms.ModelForm):
+    class Meta:
+        model = TimeoutJob
+        fields = ["topic", "biz_type", "biz_id", "action_time", "attribute"]
+
+    def clean_topic(self):
+        topic = self.cleaned_data["topic"]
+        if self.instance.pk is None and timeout_topic_spec(topic) is None:
+            raise forms.ValidationError(f"Unknown topic; known: {sorted(timeout_topic_specs())}")
+        return topic
 
 
 @admin.register(TimeoutJob)
 class TimeoutJobAdmin(admin.ModelAdmin):
+    """Every write goes through the services the API uses: a new job is created and indexed by
+    ``timeout_job_ensure``, a new action time moves the Redis entry too
+    (``timeout_job_reschedule``), and the cancel action is ``timeout_job_cancel``. The engine's
+    fields (slot, status, attempts) are never edited by hand."""
+
+    form = TimeoutJobForm
     list_display = ["job_id", "topic", "biz_type", "biz_id", "status", "action_time", "slot",
                     "attempts", "last_error"]  # fmt: skip
     list_filter = ["status", "topic"]
     search_fields = ["=job_id", "=biz_id"]
     search_help_text = "Exact job id or business id."
-    readonly_fields = ["gmt_create", "gmt_modified"]
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     list_per_page = 50
+    actions = ["cancel_jobs"]
+    ENGINE_FIELDS = ["job_id", "status", "slot", "attempts", "last_error", "gmt_create",
+                     "gmt_modified"]  # fmt: skip
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return self.ENGINE_FIELDS
+        fixed = [*self.ENGINE_FIELDS, "topic", "biz_type", "biz_id", "attribute"]
+        if obj.status != TimeoutJob.Status.PENDING:  # fired, firing or cancelled: history
+            fixed.append("action_time")
+        return fixed
+
+    def get_fields(self, request, obj=None):
+        return ["topic", "biz_type", "biz_id", "action_time", "attribute", *self.ENGINE_FIELDS]
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            job, created = timeout_job_ensure(
+                topic=obj.topic, biz_type=obj.biz_type, biz_id=obj.biz_id,
+                action_time=obj.action_time, attribute=obj.attribute,
+            )  # fmt: skip
+            obj.pk = job.pk
+            if not created:
+                self.message_user(request, f"A job was pending for this key already: job "
+                                  f"{job.pk}, left as it was.", messages.WARNING)  # fmt: skip
+            return
+        if "action_time" in form.changed_data:
+            try:
+                timeout_job_reschedule(job=obj, action_time=form.cleaned_data["action_time"])
+            except BusinessError as refused:
+                self.message_user(request, f"Not moved: {refused.message}", messages.ERROR)
+
+    def save_related(self, request, form, formsets, change):
+        pass  # no related objects, and nothing may be saved around the services
+
+    @admin.action(description="Cancel the selected pending jobs", permissions=["change"])
+    def cancel_jobs(self, request, queryset):
+        cancelled, left = 0, 0
+        for job in queryset.order_by("pk")[:CANCEL_CAP]:
+            try:
+                timeout_job_cancel(job=job)
+                cancelled += 1
+            except BusinessError:
+                left += 1  # fired, firing or cancelled already
+        self.message_user(
+            request,
+            f"Cancelled {cancelled} job(s); {left} were not pending and were left alone"
+            + (f" (at most {CANCEL_CAP:,} per action)." if cancelled + left >= CANCEL_CAP else "."),
+        )
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()

@@ -14,10 +14,17 @@ from reminders.models import Notification
 class NotificationOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = Notification
-        fields = ["id", "user_id", "kind", "title", "body", "payload", "created_at", "read_at"]
+        fields = [
+            "id", "user_id", "kind", "title", "body", "payload", "created_at", "visible_at",
+            "read_at",
+        ]  # fmt: skip
 
 
 class NotificationListApi(APIView):
+    """The user's inbox, newest first: what is visible now (``visible_at`` has passed).
+    A reminder pre-staged ahead of its due time is written earlier (``created_at``) and shows
+    from ``visible_at``."""
+
     permission_classes = [ActsForUser]
     pagination_class = Pagination
 

@@ -1,6 +1,7 @@
 """A user's reminders: subscribe, unsubscribe, list."""
 
 from django.shortcuts import get_object_or_404
+from django.utils.timezone import now
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
@@ -15,7 +16,18 @@ from reminders.models import ReminderSubscription
 
 
 class SubscriptionOutputSerializer(serializers.ModelSerializer):
+    """A pre-staged reminder (in the inbox, hidden until its due time) still reads as
+    ``scheduled``, with no ``sent_at``: the user has not been reminded yet, and may still
+    unsubscribe."""
+
     coupon_name = serializers.CharField(source="coupon.name", read_only=True)
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        sent_at = instance.sent_at
+        if instance.status == ReminderSubscription.Status.SENT and sent_at and sent_at > now():
+            data["status"], data["sent_at"] = ReminderSubscription.Status.SCHEDULED.value, None
+        return data
 
     class Meta:
         model = ReminderSubscription

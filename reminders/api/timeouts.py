@@ -1,20 +1,29 @@
-"""Generic timeout jobs: create, read, cancel."""
+"""Generic timeout jobs: create (one, idempotent, or in bulk), list, and read, cancel or move one
+by its ``job_id`` or by its business key (topic, biz_type, biz_id)."""
 
 import json
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from couponcenter.core.api.errors import conflict_serializer, error_responses
+from couponcenter.core.api.errors import conflict_serializer, error_responses, flat_errors
 from couponcenter.core.api.fields import AwareDateTimeField
-from reminders import services
+from couponcenter.core.api.pagination import NewestFirstCursor
+from reminders import selectors, services
 from reminders.models import TimeoutJob
+from reminders.selectors.topics import timeout_topic_specs
+from reminders.services.timeouts import BULK_MAX
 
 ATTRIBUTE_MAX_CHARS = 16_000
+# One component per set of 409 codes, shared by every operation that answers it.
+DUPLICATE = conflict_serializer("TimeoutJobConflict", ["duplicate"])
+NOT_PENDING = conflict_serializer("TimeoutJobCancelConflict", ["not_pending"])
+STATUS_NAMES = {choice.label.lower(): choice.value for choice in TimeoutJob.Status}
 
 
 class CanManageTimeouts(BasePermission):
@@ -58,6 +67,24 @@ class TimeoutJobInputSerializer(serializers.Serializer):
         return value
 
 
+class TimeoutJobFilterSerializer(serializers.Serializer):
+    topic = serializers.CharField(max_length=64, required=False)
+    status = serializers.ChoiceField(choices=sorted(STATUS_NAMES), required=False)
+    biz_type = serializers.CharField(max_length=64, required=False)
+    action_time_after = AwareDateTimeField(required=False, help_text="Inclusive.")
+    action_time_before = AwareDateTimeField(required=False, help_text="Exclusive.")
+
+    def validate_topic(self, value: str) -> str:
+        if value not in timeout_topic_specs():
+            raise serializers.ValidationError(
+                f"Unknown topic; known: {sorted(timeout_topic_specs())}"
+            )
+        return value
+
+    def validate_status(self, value: str) -> int:
+        return STATUS_NAMES[value]
+
+
 def _has_nul(value) -> bool:
     """Iterative, so a deeply nested object cannot exhaust the stack."""
     stack = [value]
@@ -73,22 +100,224 @@ def _has_nul(value) -> bool:
     return False
 
 
-class TimeoutJobCreateApi(APIView):
+CREATE_EXAMPLE = OpenApiExample(
+    "Close order 123 if unpaid in 30 minutes",
+    value={"topic": "order.close", "biz_type": "order", "biz_id": "123",
+           "action_time": "2026-11-23T12:30:00Z", "attribute": {"tenant": "acme"}},
+    request_only=True,
+)  # fmt: skip
+KEY_PARAMETERS = [
+    OpenApiParameter("topic", str, required=True, description="The job's topic."),
+    OpenApiParameter("biz_type", str, required=True, description="e.g. `order`."),
+    OpenApiParameter("biz_id", str, required=True, description="e.g. `123`."),
+]
+
+
+class TimeoutJobListCreateApi(APIView):
+    """``POST``: create a job, idempotently: while a job is pending for the same (topic, biz_type,
+    biz_id), the same request answers 200 with that job, unchanged. ``GET``: jobs, newest first,
+    filtered, behind a cursor."""
+
     permission_classes = [CanManageTimeouts]
+    pagination_class = NewestFirstCursor
 
     @extend_schema(
         request=TimeoutJobInputSerializer,
+        examples=[CREATE_EXAMPLE],
         responses={
-            201: TimeoutJobOutputSerializer,
-            409: conflict_serializer("TimeoutJobConflict", ["duplicate"]),
+            201: OpenApiResponse(TimeoutJobOutputSerializer, description="Created."),
+            200: OpenApiResponse(
+                TimeoutJobOutputSerializer,
+                description="A job was pending for this business key already: that job.",
+            ),
+            409: DUPLICATE,
             **error_responses(400, 403),
         },
     )
     def post(self, request):
         data = TimeoutJobInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        job = services.timeout_job_create(**data.validated_data)
-        return Response(TimeoutJobOutputSerializer(job).data, status=status.HTTP_201_CREATED)
+        job, created = services.timeout_job_ensure(**data.validated_data)
+        return Response(
+            TimeoutJobOutputSerializer(job).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+    @extend_schema(
+        parameters=[TimeoutJobFilterSerializer],
+        responses={200: TimeoutJobOutputSerializer(many=True), **error_responses(400, 403)},
+    )
+    def get(self, request):
+        filters = TimeoutJobFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(
+            selectors.timeout_job_list(**filters.validated_data), request, view=self
+        )
+        return paginator.get_paginated_response(TimeoutJobOutputSerializer(page, many=True).data)
+
+
+class TimeoutJobBulkInputSerializer(serializers.Serializer):
+    jobs = TimeoutJobInputSerializer(many=True, allow_empty=False, max_length=BULK_MAX)
+
+
+class TimeoutJobBulkResultSerializer(serializers.Serializer):
+    job_id = serializers.IntegerField()
+    topic = serializers.CharField()
+    biz_type = serializers.CharField()
+    biz_id = serializers.CharField()
+    action_time = serializers.DateTimeField()
+    created = serializers.BooleanField(help_text="False: a job was pending for this key already.")
+
+
+class TimeoutJobBulkOutputSerializer(serializers.Serializer):
+    created = serializers.IntegerField()
+    existing = serializers.IntegerField()
+    jobs = TimeoutJobBulkResultSerializer(many=True)
+
+
+class TimeoutJobBulkApi(APIView):
+    """Create up to 10,000 jobs in one transaction, indexed in Redis once it commits: all or
+    nothing. Each job is idempotent as the single create: a key with a pending job gives that
+    job (``created: false``). The same key twice in one request is a 400."""
+
+    permission_classes = [CanManageTimeouts]
+
+    @extend_schema(
+        request=TimeoutJobBulkInputSerializer,
+        examples=[
+            OpenApiExample(
+                "Two order timeouts",
+                value={
+                    "jobs": [
+                        {
+                            "topic": "order.close",
+                            "biz_type": "order",
+                            "biz_id": "123",
+                            "action_time": "2026-11-23T12:30:00Z",
+                        },
+                        {
+                            "topic": "order.close",
+                            "biz_type": "order",
+                            "biz_id": "124",
+                            "action_time": "2026-11-23T12:31:00Z",
+                        },
+                    ]
+                },
+                request_only=True,
+            )  # fmt: skip
+        ],
+        responses={
+            201: OpenApiResponse(TimeoutJobBulkOutputSerializer, description="Some created."),
+            200: OpenApiResponse(
+                TimeoutJobBulkOutputSerializer, description="Every key had a pending job already."
+            ),
+            409: DUPLICATE,
+            **error_responses(400, 403),
+        },
+    )
+    def post(self, request):
+        data = TimeoutJobBulkInputSerializer(data=request.data)
+        if not data.is_valid():  # a bad job is named by its place: "jobs.3.action_time"
+            raise serializers.ValidationError(flat_errors(data.errors))
+        results = services.timeout_jobs_bulk_create(data.validated_data["jobs"])
+        created = sum(1 for _, made in results if made)
+        body = {
+            "created": created,
+            "existing": len(results) - created,
+            "jobs": [
+                {
+                    "job_id": job.job_id,
+                    "topic": job.topic,
+                    "biz_type": job.biz_type,
+                    "biz_id": job.biz_id,
+                    "action_time": job.action_time,
+                    "created": made,
+                }
+                for job, made in results
+            ],  # fmt: skip
+        }
+        return Response(
+            TimeoutJobBulkOutputSerializer(body).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+
+class TimeoutJobKeySerializer(serializers.Serializer):
+    topic = serializers.CharField(max_length=64)
+    biz_type = serializers.CharField(max_length=64)
+    biz_id = serializers.CharField(max_length=128)
+
+
+class TimeoutJobRescheduleSerializer(serializers.Serializer):
+    action_time = AwareDateTimeField()
+
+
+class TimeoutJobByKeyApi(APIView):
+    """One job by its business key, the call a timeout center gets most ("order 123 was paid:
+    cancel its close timeout"). ``GET`` answers the pending or running job of the key, else the
+    latest one; ``DELETE`` cancels and ``PATCH`` moves the pending one. A job already firing
+    is refused with 409 ``not_pending``: a cancel racing the firing has exactly one outcome."""
+
+    permission_classes = [CanManageTimeouts]
+
+    def _key(self, request) -> dict:
+        key = TimeoutJobKeySerializer(data=request.query_params)
+        key.is_valid(raise_exception=True)
+        return key.validated_data
+
+    @extend_schema(
+        parameters=KEY_PARAMETERS,
+        responses={200: TimeoutJobOutputSerializer, **error_responses(400, 403, 404)},
+    )
+    def get(self, request):
+        return Response(TimeoutJobOutputSerializer(self._job(self._key(request))).data)
+
+    @extend_schema(
+        parameters=KEY_PARAMETERS,
+        request=None,
+        responses={
+            200: TimeoutJobOutputSerializer,
+            409: NOT_PENDING,
+            **error_responses(400, 403, 404),
+        },
+    )
+    def delete(self, request):
+        job = self._job(self._key(request))
+        return Response(TimeoutJobOutputSerializer(services.timeout_job_cancel(job=job)).data)
+
+    @extend_schema(
+        parameters=KEY_PARAMETERS,
+        request=TimeoutJobRescheduleSerializer,
+        examples=[
+            OpenApiExample(
+                "Give the customer ten more minutes",
+                value={"action_time": "2026-11-23T12:40:00Z"},
+                request_only=True,
+            )
+        ],
+        responses={
+            200: TimeoutJobOutputSerializer,
+            409: NOT_PENDING,
+            **error_responses(400, 403, 404),
+        },
+    )
+    def patch(self, request):
+        key = self._key(request)
+        data = TimeoutJobRescheduleSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = services.timeout_job_reschedule(
+            job=self._job(key), action_time=data.validated_data["action_time"]
+        )
+        return Response(TimeoutJobOutputSerializer(job).data)
+
+    def _job(self, key: dict) -> TimeoutJob:
+        """The key's job (pending first); a cancel or a move of one that is not pending is
+        refused by the services (``not_pending``)."""
+        job = selectors.timeout_job_by_key(**key)
+        if job is None:
+            raise NotFound("No job for this business key.")
+        return job
 
 
 class TimeoutJobDetailApi(APIView):
@@ -103,7 +332,7 @@ class TimeoutJobDetailApi(APIView):
         request=None,
         responses={
             200: TimeoutJobOutputSerializer,
-            409: conflict_serializer("TimeoutJobCancelConflict", ["not_pending"]),
+            409: NOT_PENDING,
             **error_responses(403, 404),
         },
     )

@@ -4,7 +4,9 @@ from couponcenter.core.api import converters  # noqa: F401  (registers the "id" 
 from reminders.api import notifications, subscriptions, timeouts
 
 urlpatterns = [
-    path("timeouts/", timeouts.TimeoutJobCreateApi.as_view(), name="timeout-create"),
+    path("timeouts/", timeouts.TimeoutJobListCreateApi.as_view(), name="timeout-list"),
+    path("timeouts/bulk/", timeouts.TimeoutJobBulkApi.as_view(), name="timeout-bulk"),
+    path("timeouts/by-key/", timeouts.TimeoutJobByKeyApi.as_view(), name="timeout-by-key"),
     path("timeouts/<id:job_id>/", timeouts.TimeoutJobDetailApi.as_view(), name="timeout-detail"),
     path(
         "users/<id:user_id>/reminders/",

@@ -206,7 +206,7 @@ class Dispatcher:
                 (topic, ts, slot)
                 for topic, ts in topics
                 if topic.priority == priority
-                for slot in self._due_slots(topic, now)
+                for slot in self._due_slots(topic, now + ts.lookahead_ms)
             ]
             while active and not self._stop.is_set():
                 if self.clock() >= deadline:
@@ -242,7 +242,8 @@ class Dispatcher:
         if token is None:
             return False
         try:
-            entries = queue.claim(topic.name, slot, now_ms=self.clock(), limit=ts.batch_size,
+            entries = queue.claim(topic.name, slot, now_ms=self.clock() + ts.lookahead_ms,
+                                  limit=ts.batch_size,
                                   visibility_ms=ts.visibility_ms, lease_token=token,
                                   with_due=topic.needs_due,
                                   isolate_suspects=topic.isolate_suspects,
@@ -298,9 +299,10 @@ class Dispatcher:
             return [Retry(f"{type(exc).__name__}: {exc}"[:500])] * len(entries)
 
     def _next_due(self, topics) -> int | None:
-        dues = [queue.earliest_due(t.name, self.leases.owned(t.name), client=self.client)
-                for t, _ in topics]  # fmt: skip
-        dues = [d for d in dues if d is not None]
+        """When the next claim is due: the earliest head, less its topic's look-ahead."""
+        dues = [(queue.earliest_due(t.name, self.leases.owned(t.name), client=self.client),
+                 ts.lookahead_ms) for t, ts in topics]  # fmt: skip
+        dues = [due - ahead for due, ahead in dues if due is not None]
         return min(dues) if dues else None
 
     # --- the loop ---------------------------------------------------------------------------------

@@ -301,6 +301,16 @@ def earliest_due(topic: str, slots: Iterable[int], *, client: Client | None = No
     return min(firsts) if firsts else None
 
 
+def due_before(
+    topic: str, slot: int, *, before_ms: int, limit: int, client: Client | None = None
+) -> list[str]:
+    """Up to ``limit`` job ids of a slot's store due before ``before_ms``, earliest first."""
+    rows = connection.client(client).zrangebyscore(
+        slot_keys(topic, slot).store, "-inf", f"({before_ms}", start=0, num=limit
+    )
+    return [scripts.as_str(member) for member in rows]
+
+
 def list_dead(
     topic: str, slot: int, *, offset: int = 0, limit: int = 100, client: Client | None = None
 ) -> list[DeadEntry]:

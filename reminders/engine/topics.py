@@ -65,9 +65,14 @@ class TopicSettings:
     backoff_base_ms: int = 1_000  # retry n waits min(cap, base * 2^(n-1))
     backoff_cap_ms: int = 300_000
     paused: bool = False
+    # Claim what falls due within this many ms ahead (pre-staging): for a handler that makes the
+    # result invisible until each entry's due time, so the due moment does not pay for the work.
+    lookahead_ms: int = 0
 
     def __post_init__(self) -> None:
         check_slots(self.slots)
+        if self.lookahead_ms < 0:
+            raise ValueError("lookahead_ms must not be negative")
         if not 1 <= self.max_attempts <= MAX_ATTEMPTS_LIMIT:
             raise ValueError(f"max_attempts must be within 1..{MAX_ATTEMPTS_LIMIT}")
         if self.batch_size < 1 or self.visibility_ms < 1:

@@ -15,33 +15,45 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from celery import current_app
+from django.db import connection
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from couponcenter.core.db.times import aware_time, db_time
 from couponcenter.core.webhooks import post_signed
 from reminders.alerts import raise_alert
+from reminders.engine.queue import epoch_ms as queue_epoch_ms
 from reminders.engine.scripts import Claimed
 from reminders.engine.topics import DROP, OK, Dead, Result, Retry
 from reminders.models import TimeoutJob
 from reminders.selectors.topics import TimeoutTopicSpec, timeout_topic_spec
 
 logger = logging.getLogger(__name__)
+Status = TimeoutJob.Status
+LIVE = (Status.PENDING, Status.RUNNING)
+TABLE = TimeoutJob._meta.db_table
+# An action time stored with microseconds is due in the millisecond its entry was scored with.
+DUE_SLACK_MS = 1
 
 
 def timeout_jobs_handle(topic: str, entries: Sequence[Claimed]) -> dict[str, Result]:
-    """The engine handler of a generic topic: run each pending job's action once."""
+    """The engine handler of a generic topic: fire each claimed job's action once.
+
+    One statement takes the batch's rows from pending to running (``_take``); only the rows it
+    took fire, so a cancel or a reschedule that committed first wins, and one that comes later
+    is refused (``not_pending``): exactly one outcome. A row whose action time moved past the
+    entry's due time (rescheduled while its old entry was being claimed) is put back and its
+    entry dropped: the reschedule indexed the new time.
+    """
     spec = timeout_topic_spec(topic)
-    results: dict[str, Result] = {}
-    jobs = TimeoutJob.objects.in_bulk([int(e.job_id) for e in entries if e.job_id.isdigit()])
+    results: dict[str, Result] = {e.job_id: DROP for e in entries}
+    if spec is None:
+        return results
+    due = {int(e.job_id): e for e in entries if e.job_id.isdigit()}
+    jobs = _take(due)
     done: list[tuple[int, int]] = []
-    for entry in entries:
-        job = jobs.get(int(entry.job_id)) if entry.job_id.isdigit() else None
-        if job is None or job.status != TimeoutJob.Status.PENDING or spec is None:
-            results[entry.job_id] = DROP
-            continue
-        if not _still_pending(job):  # cancelled while earlier jobs of the batch ran
-            results[entry.job_id] = DROP
-            continue
+    for job in jobs:
+        entry = due[job.pk]
         try:
             _run_action(spec, job)
         except Exception as exc:  # noqa: BLE001 - any failure of the action is retried
@@ -53,8 +65,38 @@ def timeout_jobs_handle(topic: str, entries: Sequence[Claimed]) -> dict[str, Res
     return results
 
 
-def _still_pending(job: TimeoutJob) -> bool:
-    return TimeoutJob.objects.filter(pk=job.pk, status=TimeoutJob.Status.PENDING).exists()
+def _take(due: dict[int, Claimed]) -> list[TimeoutJob]:
+    """Pending (or running: a redelivery after a worker died) rows of these entries, moved to
+    running in one ``UPDATE ... RETURNING``; rows rescheduled past their entry's due time go
+    back to pending and are not returned."""
+    if not due:
+        return []
+    fields = ["job_id", "topic", "biz_type", "biz_id", "action_time", "attribute", "slot",
+              "attempts"]  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {TABLE} SET status = %s, gmt_modified = %s "
+            f"WHERE job_id IN ({','.join(['%s'] * len(due))}) AND status IN (%s, %s) "
+            f"RETURNING {', '.join(fields)}",
+            [Status.RUNNING, db_time(timezone.now()), *due, Status.PENDING, Status.RUNNING],
+        )
+        rows = cursor.fetchall()
+    jobs, moved = [], []
+    for row in rows:
+        values = dict(zip(fields, row, strict=True))
+        values["action_time"] = aware_time(values["action_time"])
+        if isinstance(values["attribute"], str):  # SQLite returns JSON text from raw SQL
+            values["attribute"] = json.loads(values["attribute"])
+        job = TimeoutJob(status=Status.RUNNING, **values)
+        entry = due[job.pk]
+        if entry.due_ms and queue_epoch_ms(job.action_time) > entry.due_ms + DUE_SLACK_MS:
+            moved.append(job.pk)
+        else:
+            jobs.append(job)
+    if moved:
+        TimeoutJob.objects.filter(pk__in=moved, status=Status.RUNNING).update(status=Status.PENDING)
+    order = {pk: i for i, pk in enumerate(due)}  # the claim's order: due time, oldest first
+    return sorted(jobs, key=lambda job: order[job.pk])
 
 
 def _mark_processed(done: Iterable[tuple[int, int]]) -> None:
@@ -66,18 +108,18 @@ def _mark_processed(done: Iterable[tuple[int, int]]) -> None:
     for pk, attempt in done:
         by_attempt.setdefault(attempt, []).append(pk)
     for attempt, job_ids in by_attempt.items():
-        TimeoutJob.objects.filter(pk__in=job_ids, status=TimeoutJob.Status.PENDING).update(
-            status=TimeoutJob.Status.PROCESSED, attempts=attempt, gmt_modified=timezone.now()
+        TimeoutJob.objects.filter(pk__in=job_ids, status=Status.RUNNING).update(
+            status=Status.PROCESSED, attempts=attempt, gmt_modified=timezone.now()
         )
 
 
 def _failed(spec: TimeoutTopicSpec, job: TimeoutJob, attempt: int, exc: Exception) -> Result:
     error = f"{exc.__class__.__name__}: {exc}"[:500]
     dead = attempt >= spec.max_attempts
-    TimeoutJob.objects.filter(pk=job.pk, status=TimeoutJob.Status.PENDING).update(
+    TimeoutJob.objects.filter(pk=job.pk, status=Status.RUNNING).update(
         attempts=attempt,
         last_error=error,
-        status=TimeoutJob.Status.DEAD if dead else TimeoutJob.Status.PENDING,
+        status=Status.DEAD if dead else Status.PENDING,
         gmt_modified=timezone.now(),
     )
     logger.warning(
@@ -124,7 +166,7 @@ def _post_signed(spec: TimeoutTopicSpec, job: TimeoutJob) -> None:
 def timeout_jobs_dead(topic: str, job_ids: list[str]) -> int:
     """The reaper sent these jobs to dead (their handler never finished): mark them DEAD."""
     ids = [int(j) for j in job_ids if j.isdigit()]
-    dead = TimeoutJob.objects.filter(pk__in=ids, status=TimeoutJob.Status.PENDING).update(
+    dead = TimeoutJob.objects.filter(pk__in=ids, status__in=LIVE).update(
         status=TimeoutJob.Status.DEAD, last_error="visibility timeout", gmt_modified=timezone.now()
     )
     raise_alert(

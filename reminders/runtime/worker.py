@@ -3,7 +3,8 @@
 - config: ``ReminderSettings`` (read every tick, cached briefly) via ``runtime.topics``;
 - housekeeping under a singleton lease (exactly one worker does it): the reconcile that re-indexes
   pending jobs due within ``RECONCILE_WINDOW_S`` from the database every ``RECONCILE_EVERY_S``, so
-  a Redis restart or flush loses nothing;
+  a Redis restart or flush loses nothing, and removes the entries in that window whose row is
+  final (``services.orphans``: a subscribe/unsubscribe race can index a cancelled row);
 - backpressure: claiming of reminders pauses while the Celery delivery queue is deeper than
   ``ReminderSettings.max_delivery_queue`` (the backlog waits in Redis, where it is safe);
 - errors close stale database connections so a restarted PostgreSQL is picked up again.
@@ -22,7 +23,7 @@ from django.utils import timezone
 
 from couponcenter.core import __version__
 from couponcenter.core.redis import get_redis
-from reminders import services
+from reminders import metrics, services
 from reminders.engine import keys
 from reminders.engine.dispatcher import Dispatcher
 from reminders.engine.topics import Topic
@@ -30,6 +31,7 @@ from reminders.handlers.coupon_reminders import delivery_queue_depth
 from reminders.members import REMINDER_TOPICS
 from reminders.runtime.topics import engine_settings, register_all
 from reminders.selectors import reminder_settings_get
+from reminders.services.orphans import queues_prune_orphans
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +63,15 @@ class Reconciler:
         if time.monotonic() - self.last < self.every_s:
             return
         self.last = time.monotonic()
-        counts = services.queues_rebuild(
-            due_before=timezone.now() + timedelta(seconds=self.window_s)
-        )
+        window_end = timezone.now() + timedelta(seconds=self.window_s)
+        counts = services.queues_rebuild(due_before=window_end)
         if any(counts.values()):
             logger.warning("reconcile re-indexed missing entries", extra={"counts": counts})
+        orphans = queues_prune_orphans(due_before=window_end)
+        if orphans:
+            logger.warning("reconcile removed orphaned entries", extra={"counts": orphans})
+            for topic, removed in orphans.items():
+                metrics.record(topic, {"orphaned": removed})
         logger.debug("reconcile took %.3f s", time.perf_counter() - started)
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from django.utils import timezone
+
 from couponcenter.core.live_settings import LiveSettingsReader
 from reminders.models import Notification, ReminderSettings, ReminderSubscription, TimeoutJob
 
@@ -24,6 +28,37 @@ def timeout_job_get(*, job_id: int) -> TimeoutJob:
     return TimeoutJob.objects.get(pk=job_id)
 
 
+def timeout_job_by_key(*, topic: str, biz_type: str, biz_id: str) -> TimeoutJob | None:
+    """The key's live job (pending or running: at most one of each), else its latest one."""
+    jobs = TimeoutJob.objects.filter(topic=topic, biz_type=biz_type, biz_id=biz_id)
+    live = jobs.filter(status__in=(TimeoutJob.Status.PENDING, TimeoutJob.Status.RUNNING)).order_by(
+        "status", "-pk"
+    )  # pending first: that is the one a cancel or a move acts on
+    return live.first() or jobs.order_by("-pk").first()
+
+
+def timeout_job_list(
+    *,
+    topic: str | None = None,
+    status: int | None = None,
+    biz_type: str | None = None,
+    action_time_after: datetime | None = None,
+    action_time_before: datetime | None = None,
+):
+    jobs = TimeoutJob.objects.all()
+    if topic is not None:
+        jobs = jobs.filter(topic=topic)
+    if status is not None:
+        jobs = jobs.filter(status=status)
+    if biz_type is not None:
+        jobs = jobs.filter(biz_type=biz_type)
+    if action_time_after is not None:
+        jobs = jobs.filter(action_time__gte=action_time_after)
+    if action_time_before is not None:
+        jobs = jobs.filter(action_time__lt=action_time_before)
+    return jobs
+
+
 def subscription_list(*, user_id: int):
     return (
         ReminderSubscription.objects.filter(user_id=user_id)
@@ -32,8 +67,11 @@ def subscription_list(*, user_id: int):
     )
 
 
-def notification_list(*, user_id: int):
-    return Notification.objects.filter(user_id=user_id).order_by("-created_at", "-id")
+def notification_list(*, user_id: int, now: datetime | None = None):
+    """A user's inbox: what is visible by ``now`` (a pre-staged reminder shows at its due time)."""
+    return Notification.objects.filter(
+        user_id=user_id, visible_at__lte=now or timezone.now()
+    ).order_by("-visible_at", "-id")
 
 
 def subscription_scheduled_count(*, coupon_id: int) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from couponcenter.core.webhooks import secret_problem
 from reminders.engine.topics import check_slots
 from reminders.members import REMINDER_TOPICS
 
@@ -45,6 +46,10 @@ def timeout_topic_specs() -> dict[str, TimeoutTopicSpec]:
             )
         if name in REMINDER_TOPICS:
             raise ImproperlyConfigured(f"{name} is built in")
+        if spec.type == "http":
+            problem = secret_problem(spec.secret, what=f"TIMEOUT_TOPICS[{name!r}] secret")
+            if problem:
+                raise ImproperlyConfigured(problem)
         check_slots(spec.slots)
         specs[name] = spec
     return specs

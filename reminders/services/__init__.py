@@ -7,6 +7,7 @@ from .subscriptions import (
     subscription_subscribe,
     subscription_unsubscribe,
     subscriptions_cancel_for_coupon,
+    subscriptions_drop_for_coupon,
     subscriptions_reindex,
     subscriptions_reschedule_for_coupon,
 )
@@ -14,6 +15,9 @@ from .timeouts import (
     TimeoutJobConflict,
     timeout_job_cancel,
     timeout_job_create,
+    timeout_job_ensure,
+    timeout_job_reschedule,
+    timeout_jobs_bulk_create,
     timeout_jobs_reindex,
 )
 
@@ -26,9 +30,13 @@ __all__ = [
     "subscription_subscribe",
     "subscription_unsubscribe",
     "subscriptions_cancel_for_coupon",
+    "subscriptions_drop_for_coupon",
     "subscriptions_reindex",
     "subscriptions_reschedule_for_coupon",
     "timeout_job_cancel",
     "timeout_job_create",
+    "timeout_job_ensure",
+    "timeout_job_reschedule",
+    "timeout_jobs_bulk_create",
     "timeout_jobs_reindex",
 ]

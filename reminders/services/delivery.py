@@ -26,25 +26,30 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from couponcenter.core.caching import TTLCache
+from couponcenter.core.db.times import aware_time, db_time
 from couponcenter.models import Coupon
 from reminders import metrics
 from reminders.alerts import raise_alert
 from reminders.engine import queue
 from reminders.gateways import Gateway, InboxGateway, Message, gateway_for
 from reminders.members import ReminderMember
-from reminders.models import ReminderSettings, ReminderSubscription
+from reminders.members import member as member_of_sub
+from reminders.models import Notification, ReminderSettings, ReminderSubscription
 from reminders.selectors import reminder_settings_get
+
+from .staging import REMINDER_KIND
 
 logger = logging.getLogger(__name__)
 Status = ReminderSubscription.Status
 TABLE = ReminderSubscription._meta.db_table
+MATES_CHUNK = 2000  # ids per IN (...) when folding staged messages
 COUPON_TTL_S = 5.0  # names and opening times in messages may lag an edit by this much
 
 
@@ -139,25 +144,77 @@ def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings)
                 cursor.execute("SET LOCAL lock_timeout = '10s'")
         if live.late_policy == ReminderSettings.LatePolicy.DROP:
             cutoff = now - live.late_limit
-            late = _claim_rows("status = %s AND remind_at < %s", [Status.SCHEDULED, cutoff],
+            late = _claim_rows("status = %s AND remind_at < %s",
+                               [Status.SCHEDULED, db_time(cutoff)],
                                sub_ids, "status = %s, drop_reason = %s, updated_at = %s",
-                               [Status.DROPPED, "late", now])  # fmt: skip
+                               [Status.DROPPED, "late", db_time(now)])  # fmt: skip
             report.dropped = len(late)
+        # A reminder claimed ahead of its due time (pre-staged) is "sent" for showing then.
         rows = _claim_rows("status = %s", [Status.SCHEDULED], sub_ids,
-                           "status = %s, sent_at = %s, updated_at = %s",
-                           [Status.SENT, now, now])  # fmt: skip
-        items = [Item(member_of[pk], pk, user, _aware(at), coupon) for pk, user, at, coupon in rows]
-        groups = _merge(items, live.merge_window_ms)
+                           "status = %s, sent_at = CASE WHEN remind_at > %s THEN remind_at "
+                           "ELSE %s END, updated_at = %s",
+                           [Status.SENT, *[db_time(now)] * 3])  # fmt: skip
+        items = [
+            Item(member_of[pk], pk, user, aware_time(at), coupon) for pk, user, at, coupon in rows
+        ]
+        staged = _unstage_mates(items, now, live.merge_window_ms)
+        groups = _merge(items + staged, live.merge_window_ms)
+        for group in groups:
+            due = min(item.remind_at for item in group.items)
+            if due > now:
+                group.message.visible_at = due
         if groups:
             gateway.deliver([g.message for g in groups])
     report.delivered = items
     return report
 
 
-def _aware(value) -> datetime:
-    if isinstance(value, str):  # SQLite returns text from raw SQL
-        value = datetime.fromisoformat(value)
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+def _unstage_mates(items: list[Item], now: datetime, window_ms: int) -> list[Item]:
+    """Reminders already staged, hidden, in the same users' merge windows as ``items``: their
+    notifications are deleted and their items returned, to be merged again with ``items``.
+
+    Staging claims what enters the look-ahead window, so a user's reminders of one merge window
+    can be claimed in different rounds (a second coupon moved into the window later). Folded
+    into one message, they read as they would have without pre-staging. The mates' rows are
+    locked first, as ``staged_withdraw`` locks them: a withdrawal either ran before (the mate is
+    ``scheduled`` again and left out here) or waits for this delivery and then finds the
+    merged row.
+    """
+    window = max(window_ms, 1)
+    buckets = {(item.user_id, _bucket(item.remind_at, window)) for item in items}
+    users = sorted({user for user, _ in buckets})
+    notes, mates = [], set()
+    for start in range(0, len(users), MATES_CHUNK):
+        rows = Notification.objects.filter(
+            user_id__in=users[start : start + MATES_CHUNK],
+            kind=REMINDER_KIND,
+            visible_at__gt=now,
+        ).values_list("pk", "user_id", "visible_at", "payload")
+        for pk, user, visible_at, payload in rows:
+            if (user, _bucket(visible_at, window)) in buckets:
+                notes.append(pk)
+                mates.update((payload or {}).get("subscriptions") or ())
+    if not notes:
+        return []
+    kept = []
+    ids = sorted(mates)
+    for start in range(0, len(ids), MATES_CHUNK):
+        kept += (
+            ReminderSubscription.objects.select_for_update()
+            .filter(pk__in=ids[start : start + MATES_CHUNK], status=Status.SENT, sent_at__gt=now)
+            .order_by("pk")
+            .values_list("pk", "user_id", "remind_at", "coupon_id")
+        )
+    for start in range(0, len(notes), MATES_CHUNK):
+        Notification.objects.filter(pk__in=notes[start : start + MATES_CHUNK]).delete()
+    return [
+        Item(member_of_sub(pk, user, coupon), pk, user, remind_at, coupon)
+        for pk, user, remind_at, coupon in kept
+    ]
+
+
+def _bucket(moment: datetime, window_ms: int) -> int:
+    return int(moment.timestamp() * 1000) // window_ms
 
 
 # --- external gateways: deliver, then mark -------------------------------------------------------
@@ -205,7 +262,7 @@ def _merge(items: list[Item], window_ms: int) -> list[Group]:
     by_key: dict[tuple[int, int], list[Item]] = defaultdict(list)
     window = max(window_ms, 1)
     for item in items:
-        by_key[(item.user_id, int(item.remind_at.timestamp() * 1000) // window)].append(item)
+        by_key[(item.user_id, _bucket(item.remind_at, window))].append(item)
     coupons = _coupon_info({item.coupon_id for item in items})
     groups = [Group(user_id, group_items) for (user_id, _), group_items in by_key.items()]
     for group in groups:
@@ -305,7 +362,8 @@ def _settle(
         topic,
         {"delivered": len(report.delivered), "failed": len(report.failed) - len(report.dead),
          "dead": len(report.dead), "dropped": report.dropped},
-        [now_ms - int(item.remind_at.timestamp() * 1000) for item in report.delivered],
+        # A staged reminder shows at its due moment: on time, not early.
+        [max(0, now_ms - int(item.remind_at.timestamp() * 1000)) for item in report.delivered],
     )  # fmt: skip
     return {"delivered": len(report.delivered), "failed": len(report.failed),
             "dead": len(report.dead), "dropped": report.dropped}  # fmt: skip

@@ -26,7 +26,9 @@ from reminders.members import REMINDER_TOPICS, member, reminder_topic_for
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
-REINDEX_CHUNK = 5000
+from .indexing import REINDEX_CHUNK, by_topic, index_on_commit, unindex_on_commit
+from .staging import staged_withdraw
+
 Status = ReminderSubscription.Status
 
 
@@ -40,46 +42,6 @@ def remind_at_for(coupon: Coupon) -> datetime:
 
 def _refusal(coupon: Coupon, now: datetime) -> str | None:
     return rules.subscribe_refusal(now=now, **rules.fields_of(coupon))
-
-
-def _by_topic(rows, key: Callable) -> dict[str, list]:
-    grouped: dict[str, list] = {}
-    for row in rows:
-        topic, item = key(row)
-        grouped.setdefault(topic, []).append(item)
-    return grouped
-
-
-def _index(subs: list[ReminderSubscription]) -> None:
-    """Schedule (or move) these subscriptions' entries once the transaction commits."""
-    grouped = _by_topic(
-        subs,
-        lambda s: (
-            reminder_topic_for(s.priority),
-            (member(s.pk, s.user_id, s.coupon_id), queue.epoch_ms(s.remind_at), s.slot),
-        ),
-    )
-
-    def index() -> None:
-        for topic, items in grouped.items():
-            queue.schedule_many(topic, items)
-
-    if grouped:
-        transaction.on_commit(index)
-
-
-def _unindex(subs: list[tuple[int, int, int, int, str]]) -> None:
-    """(sub id, user id, coupon id, slot, priority) entries leave Redis once committed."""
-    grouped = _by_topic(
-        subs, lambda r: (reminder_topic_for(r[4]), (member(r[0], r[1], r[2]), r[3]))
-    )
-
-    def unindex() -> None:
-        for topic, items in grouped.items():
-            queue.cancel_many(topic, items)
-
-    if grouped:
-        transaction.on_commit(unindex)
 
 
 def subscription_subscribe(
@@ -103,7 +65,7 @@ def subscription_subscribe(
         if not created and sub.status in (Status.SCHEDULED, Status.SENT):
             return sub, False  # pending, or the user was reminded already: a no-op
         if sub.status == Status.FAILED:  # its entry is dead in its old slot (and topic)
-            _unindex([(sub.pk, sub.user_id, sub.coupon_id, sub.slot, sub.priority)])
+            unindex_on_commit([(sub.pk, sub.user_id, sub.coupon_id, sub.slot, sub.priority)])
         if not created:  # unsubscribed, dropped or failed before: schedule afresh
             sub.status, sub.remind_at = Status.SCHEDULED, remind_at_for(coupon)
             sub.slot, sub.drop_reason, sub.sent_at = slot_for(user_id, slots), "", None
@@ -112,13 +74,17 @@ def subscription_subscribe(
         transaction.on_commit(
             lambda: [queue.record_layout(topic, slots) for topic in REMINDER_TOPICS]
         )
-        _index([sub])
+        index_on_commit([sub])
     return sub, True
 
 
 def subscription_unsubscribe(*, user_id: int, coupon_id: int) -> bool:
-    """Cancel a user's reminder; idempotent. True if a scheduled reminder was cancelled."""
+    """Cancel a user's reminder; idempotent. True if a scheduled (or staged, still hidden)
+    reminder was cancelled."""
     with transaction.atomic():
+        staged_withdraw(
+            subscriptions=ReminderSubscription.objects.filter(user_id=user_id, coupon_id=coupon_id)
+        )  # takes the row lock, waiting for a delivery staging it right now
         sub = (
             ReminderSubscription.objects.select_for_update()
             .filter(user_id=user_id, coupon_id=coupon_id, status=Status.SCHEDULED)
@@ -128,12 +94,14 @@ def subscription_unsubscribe(*, user_id: int, coupon_id: int) -> bool:
             return False
         sub.status = Status.CANCELLED
         sub.save(update_fields=["status", "updated_at"])
-        _unindex([(sub.pk, sub.user_id, sub.coupon_id, sub.slot, sub.priority)])
+        unindex_on_commit([(sub.pk, sub.user_id, sub.coupon_id, sub.slot, sub.priority)])
     return True
 
 
 def subscriptions_reschedule_for_coupon(*, coupon: Coupon) -> int:
-    """The coupon's opening time moved: move every scheduled reminder (bulk, in batches)."""
+    """The coupon's opening time moved: move every scheduled reminder (bulk, in batches), and
+    the staged ones not shown yet."""
+    staged_withdraw(subscriptions=ReminderSubscription.objects.filter(coupon=coupon))
     remind_at = remind_at_for(coupon)
     scheduled = ReminderSubscription.objects.filter(coupon=coupon, status=Status.SCHEDULED)
     moved = scheduled.update(remind_at=remind_at, updated_at=timezone.now())
@@ -142,7 +110,7 @@ def subscriptions_reschedule_for_coupon(*, coupon: Coupon) -> int:
 
     def reschedule() -> None:
         for chunk in _chunks(rows.iterator(chunk_size=REINDEX_CHUNK), REINDEX_CHUNK):
-            grouped = _by_topic(
+            grouped = by_topic(
                 chunk,
                 lambda r: (reminder_topic_for(r[3]), (member(r[0], r[1], coupon.pk), due_ms, r[2])),
             )
@@ -154,12 +122,26 @@ def subscriptions_reschedule_for_coupon(*, coupon: Coupon) -> int:
 
 
 def subscriptions_cancel_for_coupon(*, coupon: Coupon) -> int:
-    """The coupon was cancelled: cancel its scheduled reminders."""
+    """The coupon was cancelled: cancel its scheduled reminders, and the staged ones not shown
+    yet."""
+    staged_withdraw(subscriptions=ReminderSubscription.objects.filter(coupon=coupon))
     scheduled = ReminderSubscription.objects.filter(coupon=coupon, status=Status.SCHEDULED)
     rows = list(scheduled.values_list("pk", "user_id", "coupon_id", "slot", "priority"))
     cancelled = scheduled.update(status=Status.CANCELLED, updated_at=timezone.now())
-    _unindex(rows)
+    unindex_on_commit(rows)
     return cancelled
+
+
+def subscriptions_drop_for_coupon(*, coupon: Coupon, reason: str) -> int:
+    """The coupon can no longer be claimed (sold out, window closed): drop its staged
+    reminders not shown yet. Scheduled ones are dropped when they fall due (the dispatcher
+    checks the coupon then)."""
+    withdrawn = staged_withdraw(subscriptions=ReminderSubscription.objects.filter(coupon=coupon))
+    if withdrawn:
+        ReminderSubscription.objects.filter(pk__in=withdrawn).update(
+            status=Status.DROPPED, drop_reason=reason, updated_at=timezone.now()
+        )
+    return len(withdrawn)
 
 
 def subscriptions_reindex(
@@ -180,7 +162,7 @@ def subscriptions_reindex(
         )
         if not chunk:
             return added
-        grouped = _by_topic(
+        grouped = by_topic(
             chunk,
             lambda r: (
                 reminder_topic_for(r[5]),

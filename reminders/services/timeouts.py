@@ -33,6 +33,19 @@ class TimeoutJobConflict(BusinessError):
     code = "duplicate"
 
 
+# Most jobs one bulk create may carry (one transaction, one INSERT per chunk).
+BULK_MAX = 10_000
+BULK_CHUNK = 2000
+Status = TimeoutJob.Status
+
+
+def _spec_or_error(topic: str):
+    spec = timeout_topic_spec(topic)
+    if spec is None:
+        raise ValidationError({"topic": [f"Unknown topic; known: {sorted(timeout_topic_specs())}"]})
+    return spec
+
+
 def timeout_job_create(
     *,
     topic: str,
@@ -41,10 +54,9 @@ def timeout_job_create(
     action_time: datetime,
     attribute: dict[str, Any] | None = None,
 ) -> TimeoutJob:
-    """Create a pending job and schedule it once the row commits."""
-    spec = timeout_topic_spec(topic)
-    if spec is None:
-        raise ValidationError({"topic": [f"Unknown topic; known: {sorted(timeout_topic_specs())}"]})
+    """Create a pending job and schedule it once the row commits; ``TimeoutJobConflict`` when one
+    is pending for the same (topic, biz_type, biz_id)."""
+    spec = _spec_or_error(topic)
     job = TimeoutJob(
         topic=topic,
         biz_type=biz_type,
@@ -76,6 +88,128 @@ def timeout_job_create(
     return job
 
 
+def timeout_job_ensure(
+    *,
+    topic: str,
+    biz_type: str,
+    biz_id: str,
+    action_time: datetime,
+    attribute: dict[str, Any] | None = None,
+) -> tuple[TimeoutJob, bool]:
+    """The idempotent create: ``(job, True)`` for a new one, or ``(the pending job, False)``
+    when (topic, biz_type, biz_id) has one already (left as it is: a retried request must not
+    move it)."""
+    for _ in range(3):  # the pending job fired or was cancelled in between: try again
+        try:
+            job = timeout_job_create(topic=topic, biz_type=biz_type, biz_id=biz_id,
+                                     action_time=action_time, attribute=attribute)  # fmt: skip
+            return job, True
+        except TimeoutJobConflict:
+            existing = timeout_job_pending_by_key(topic=topic, biz_type=biz_type, biz_id=biz_id)
+            if existing is not None:
+                return existing, False
+    raise TimeoutJobConflict(message=f"A job for {biz_type}:{biz_id} keeps changing; retry.")
+
+
+def timeout_job_pending_by_key(*, topic: str, biz_type: str, biz_id: str) -> TimeoutJob | None:
+    return TimeoutJob.objects.filter(
+        topic=topic, biz_type=biz_type, biz_id=biz_id, status=Status.PENDING
+    ).first()
+
+
+def timeout_jobs_bulk_create(jobs: list[dict[str, Any]]) -> list[tuple[TimeoutJob, bool]]:
+    """Create up to ``BULK_MAX`` jobs in one transaction, indexed in Redis once it commits.
+
+    Idempotent per job as ``timeout_job_ensure``: a key with a pending job gives that job
+    (``created`` False). The same key twice in one request is a ValidationError; a create racing
+    this one on the same key rolls the whole request back (``TimeoutJobConflict``; retry it).
+    Returns ``(job, created)`` in the order given.
+    """
+    if len(jobs) > BULK_MAX:
+        raise ValidationError({"jobs": [f"At most {BULK_MAX:,} jobs per request."]})
+    keys = [(j["topic"], j["biz_type"], j["biz_id"]) for j in jobs]
+    if len(set(keys)) != len(keys):
+        seen, dupes = set(), []
+        for key in keys:
+            if key in seen:
+                dupes.append(":".join(key))
+            seen.add(key)
+        raise ValidationError({"jobs": [f"Repeated business keys: {', '.join(dupes[:5])}."]})
+    specs = {topic: _spec_or_error(topic) for topic in {k[0] for k in keys}}
+    with transaction.atomic():
+        existing = _pending_by_keys(keys)
+        new = [
+            TimeoutJob(
+                topic=j["topic"], biz_type=j["biz_type"], biz_id=j["biz_id"],
+                action_time=j["action_time"], attribute=j.get("attribute") or {},
+                slot=slot_for(j["biz_id"], specs[j["topic"]].slots),
+            )
+            for j, key in zip(jobs, keys, strict=True)
+            if key not in existing
+        ]  # fmt: skip
+        try:
+            with transaction.atomic():
+                TimeoutJob.objects.bulk_create(new, batch_size=BULK_CHUNK)
+        except IntegrityError as exc:
+            raise TimeoutJobConflict(
+                message="Another request created a job for one of these keys meanwhile; retry."
+            ) from exc
+        _index_on_commit(new, specs)
+    made = {(j.topic, j.biz_type, j.biz_id): j for j in new}
+    return [(made[key], True) if key in made else (existing[key], False) for key in keys]
+
+
+def _pending_by_keys(keys: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], TimeoutJob]:
+    found: dict[tuple[str, str, str], TimeoutJob] = {}
+    by_type: dict[tuple[str, str], list[str]] = {}
+    for topic, biz_type, biz_id in keys:
+        by_type.setdefault((topic, biz_type), []).append(biz_id)
+    for (topic, biz_type), ids in by_type.items():
+        for start in range(0, len(ids), BULK_CHUNK):
+            rows = TimeoutJob.objects.filter(
+                topic=topic, biz_type=biz_type, biz_id__in=ids[start : start + BULK_CHUNK],
+                status=Status.PENDING,
+            )  # fmt: skip
+            found.update({(j.topic, j.biz_type, j.biz_id): j for j in rows})
+    return found
+
+
+def _index_on_commit(jobs: list[TimeoutJob], specs: dict) -> None:
+    by_topic: dict[str, list[tuple[str, int, int]]] = {}
+    for job in jobs:
+        by_topic.setdefault(job.topic, []).append(
+            (str(job.job_id), queue.epoch_ms(job.action_time), job.slot)
+        )
+
+    def index() -> None:
+        for topic, items in by_topic.items():
+            queue.record_layout(topic, specs[topic].slots)
+            queue.schedule_many(topic, items)
+
+    if by_topic:
+        transaction.on_commit(index)
+
+
+def timeout_job_reschedule(*, job: TimeoutJob, action_time: datetime) -> TimeoutJob:
+    """Move a pending job to ``action_time``. A job that is firing (or fired, or was cancelled)
+    is refused with ``not_pending``: cancel and reschedule racing the firing have exactly one
+    outcome, since the handler fires only rows it moved from pending to running itself."""
+    with transaction.atomic():
+        moved = TimeoutJob.objects.filter(pk=job.pk, status=Status.PENDING).update(
+            action_time=action_time, gmt_modified=timezone.now()
+        )
+        job.refresh_from_db()
+        if not moved:
+            raise BusinessError(
+                "not_pending", f"Job {job.pk} is {job.get_status_display().lower()}."
+            )
+        due_ms = queue.epoch_ms(action_time)
+        transaction.on_commit(
+            lambda: queue.schedule(job.topic, str(job.job_id), due_ms, slot=job.slot)
+        )
+    return job
+
+
 def timeout_job_cancel(*, job: TimeoutJob) -> TimeoutJob:
     """Cancel a pending job; a job that already fired or was cancelled is left as it is."""
     cancelled = TimeoutJob.objects.filter(pk=job.pk, status=TimeoutJob.Status.PENDING).update(
@@ -95,7 +229,9 @@ def timeout_jobs_reindex(
 
     Uses the engine's NX mode: a job already in store, prepare or dead is left alone.
     """
-    pending = TimeoutJob.objects.filter(status=TimeoutJob.Status.PENDING)
+    # Running rows too: a worker that died while firing leaves them running, and their entries
+    # must come back if Redis lost them.
+    pending = TimeoutJob.objects.filter(status__in=(Status.PENDING, Status.RUNNING))
     if due_before is not None:
         pending = pending.filter(action_time__lt=due_before)
     added, last_pk = 0, 0

@@ -36,8 +36,10 @@ FENCE_TOPICS = {
 def test_reminder_workers_sigkilled_20_times_lose_and_repeat_nothing(stack, reminder_settings, rng):
     """Two workers; 20 times one of them (at random) is SIGKILLed after a random delay and a
     fresh one started, while 3,000 reminders fall due over 20 s."""
+    # No pre-staging: the reminders are claimed as they fall due, over the 20 s the kills land in.
     reminder_settings.change(slots=16, batch_size=50, visibility_timeout_ms=3000,
-                             max_attempts=20, backoff_ms=200, tick_interval_ms=100)  # fmt: skip
+                             max_attempts=20, backoff_ms=200, tick_interval_ms=100,
+                             prestage_ms=0)  # fmt: skip
     stack.start()
     workers = [stack.procs[-1], stack.start_reminder_worker()]
     subs = reminders_due_over(users=3000, start_s=2, spread_s=20)
@@ -76,7 +78,8 @@ def test_worker_paused_past_its_lease_is_fenced_off(stack, reminder_settings, se
     settings.TIMEOUT_TOPICS = FENCE_TOPICS
     stack.env["TIMEOUT_TOPICS_JSON"] = json.dumps(FENCE_TOPICS)
     reminder_settings.change(slots=8, batch_size=50, visibility_timeout_ms=3000,
-                             max_attempts=10, backoff_ms=200, tick_interval_ms=100)  # fmt: skip
+                             max_attempts=10, backoff_ms=200, tick_interval_ms=100,
+                             prestage_ms=0)  # fmt: skip
     stack.start()
     workers = [stack.procs[-1], stack.start_reminder_worker()]
     subs = reminders_due_over(users=1500, start_s=2, spread_s=14)

@@ -107,3 +107,32 @@ def test_the_development_key_is_flagged_by_the_deploy_check():
     del env["SECRET_KEY"]  # the published development key
     done = manage("check", "--deploy", env=env)
     assert "security.W009" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"NOTIFY_WEBHOOK_URL": "https://hooks.example.com/n"}, "NOTIFY_WEBHOOK_SECRET is empty"),
+        ({"NOTIFY_WEBHOOK_URL": "https://hooks.example.com/n", "NOTIFY_WEBHOOK_SECRET": "x" * 31},
+         "NOTIFY_WEBHOOK_SECRET has 31 bytes"),
+        ({"TIMEOUT_TOPICS_JSON": '{"pay.close": {"type": "http", "url": "https://pay.example.com"}}'},
+         "TIMEOUT_TOPICS['pay.close'] secret is empty"),
+    ],
+)  # fmt: skip
+def test_a_short_signing_secret_refuses_to_start(extra, named):
+    """An empty or short key lets anyone forge a signed webhook: no process starts with one."""
+    for command in (("check", "--deploy"), ("run_reminder_worker", "--once")):
+        done = manage(*command, env=production_env(**extra))
+        assert done.returncode != 0, command
+        assert named in done.stderr, (command, done.stderr[-2000:])
+
+
+def test_a_32_byte_secret_passes_the_deploy_check():
+    env = production_env(
+        NOTIFY_WEBHOOK_URL="https://hooks.example.com/n",
+        NOTIFY_WEBHOOK_SECRET="k" * 32,
+        TIMEOUT_TOPICS_JSON='{"pay.close": {"type": "http", "url": "https://pay.example.com", '
+        '"secret": "' + "s" * 32 + '"}}',
+    )
+    done = manage("check", "--deploy", "--fail-level", "WARNING", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr

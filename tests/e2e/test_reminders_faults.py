@@ -21,7 +21,7 @@ from tests.support.factories import CouponFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-SECRET = "e2e-webhook-secret"
+SECRET = "e2e-webhook-secret-of-32-bytes-or-more"
 Status = ReminderSubscription.Status
 
 
@@ -58,7 +58,8 @@ def _user_of(request) -> int:
 
 
 def _signed(request) -> bool:
-    expected = hmac.new(SECRET.encode(), request.body, hashlib.sha256).hexdigest()
+    signed = request.headers["X-Coupon-Center-Timestamp"].encode() + b"." + request.body
+    expected = hmac.new(SECRET.encode(), signed, hashlib.sha256).hexdigest()
     return hmac.compare_digest(request.headers["X-Coupon-Center-Signature"], f"sha256={expected}")
 
 

@@ -20,7 +20,7 @@ from tests.support.factories import api_user
 
 pytestmark = pytest.mark.django_db
 
-CREATE = reverse("timeout-create")
+CREATE = reverse("timeout-list")
 TOPIC = "timeout.default"  # a `log` topic with 8 slots in settings.TIMEOUT_TOPICS
 SLOTS = 8
 ACTION_TIME = "2031-03-01T09:00:00+08:00"
@@ -157,12 +157,13 @@ def test_unknown_job_is_404(staff):
 # --- refusals and bad input --------------------------------------------------------------------
 
 
-def test_duplicate_pending_job_is_409(post):
+def test_create_is_idempotent_while_a_job_is_pending(post):
     first = post()
+    assert first.status_code == 201
     response = post(action_time="2032-01-01T00:00:00Z")
-    assert response.status_code == 409
-    assert response.data["code"] == "duplicate"
-    assert str(first.data["job_id"]) in response.data["detail"]
+    assert response.status_code == 200
+    assert response.data["job_id"] == first.data["job_id"]
+    assert response.data["action_time"] == first.data["action_time"]  # a retry moves nothing
     assert TimeoutJob.objects.count() == 1
     assert queue.earliest_due(TOPIC, range(SLOTS)) == ACTION_MS  # the first one is untouched
 

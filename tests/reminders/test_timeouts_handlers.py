@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.utils import timezone
 
+from couponcenter.core.errors import BusinessError
 from reminders.engine import queue
 from reminders.engine import topics as engine_topics
 from reminders.models import TimeoutJob
@@ -26,8 +27,11 @@ from reminders.services import timeout_job_cancel, timeout_job_create
 
 pytestmark = pytest.mark.django_db
 
-SECRET = "test-webhook-secret"
+SECRET = "test-webhook-secret-of-thirty-two-bytes"
 CALLS: list[int] = []  # job ids the ``record_call`` action saw, in order
+
+
+CANCELS: list[str] = []  # what cancelling a sibling from inside an action answered
 
 
 def record_call(job: TimeoutJob) -> None:
@@ -35,7 +39,11 @@ def record_call(job: TimeoutJob) -> None:
     CALLS.append(job.pk)
     sibling = job.attribute.get("cancel_job")
     if sibling:
-        timeout_job_cancel(job=TimeoutJob.objects.get(pk=sibling))
+        try:
+            timeout_job_cancel(job=TimeoutJob.objects.get(pk=sibling))
+            CANCELS.append("cancelled")
+        except BusinessError as refused:
+            CANCELS.append(refused.code)
 
 
 # --- fixtures ----------------------------------------------------------------------------------
@@ -191,20 +199,35 @@ def test_celery_topic_runs_the_task(topics, make_job, eager_celery, caplog):
     assert status(job) == TimeoutJob.Status.PROCESSED
 
 
-def test_job_cancelled_after_claim_is_dropped_not_run(topics, make_job, calls):
-    # One slot: both jobs come in one batch. Running the first cancels the second, which is
-    # by then claimed (in prepare) with its row read as pending at the start of the batch.
+def test_a_job_taken_for_firing_can_no_longer_be_cancelled(topics, make_job, calls):
+    # One slot: both jobs come in one batch, taken from pending to running together. Running
+    # the first tries to cancel the second: refused (not_pending), and the second fires. Either
+    # the cancel wins (before the take) or the firing does, never both, never neither.
+    CANCELS.clear()
     topics(t_call={"type": "callable", "path": f"{__name__}.record_call", "slots": 1})
     second = make_job("t.call", in_s=-1)
     first = make_job("t.call", in_s=-2, attribute={"cancel_job": second.pk})
     report = drain("t.call")
     assert report.claimed == 2
-    assert calls == [first.pk]
+    assert calls == [first.pk, second.pk]
+    assert CANCELS == ["not_pending"]
     assert (status(first), status(second)) == (
-        TimeoutJob.Status.PROCESSED, TimeoutJob.Status.CANCELLED,
+        TimeoutJob.Status.PROCESSED, TimeoutJob.Status.PROCESSED,
     )  # fmt: skip
+    assert in_redis(first) == {} and in_redis(second) == {}
+
+
+def test_a_job_cancelled_before_the_take_is_dropped_not_run(topics, make_job, calls):
+    topics(t_call={"type": "callable", "path": f"{__name__}.record_call", "slots": 1})
+    job = make_job("t.call", in_s=-1)
+    # The cancel commits while the job's entry is still indexed (as when the engine claimed it
+    # just before): the handler finds the row cancelled and drops the entry.
+    timeout_job_cancel(job=job)
+    queue.schedule("t.call", str(job.pk), 0, slot=job.slot)
+    report = drain("t.call")
+    assert calls == []
+    assert status(job) == TimeoutJob.Status.CANCELLED
     assert report.dropped == 1
-    assert in_redis(first) == {}
 
 
 # --- http --------------------------------------------------------------------------------------
@@ -222,8 +245,10 @@ def test_http_topic_posts_a_signed_body(topics, make_job, webhook, settings):
     assert drain("t.http").acked == 1
     assert len(webhook.requests) == 1
     headers, body = webhook.requests[0]
-    expected = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    signed = headers["X-Coupon-Center-Timestamp"].encode() + b"." + body
+    expected = hmac.new(SECRET.encode(), signed, hashlib.sha256).hexdigest()
     assert headers["X-Coupon-Center-Signature"] == f"sha256={expected}"
+    assert abs(int(headers["X-Coupon-Center-Timestamp"]) - time.time()) < 3600
     assert headers["Idempotency-Key"] == f"t.http:{job.pk}"
     assert headers["Content-Type"] == "application/json"
     payload = json.loads(body)

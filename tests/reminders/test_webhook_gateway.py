@@ -14,9 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from couponcenter.core.webhooks import REPLAY_TOLERANCE_S, verify
 from reminders.gateways import WebhookGateway
 
-SECRET = "webhook-secret"
+SECRET = "webhook-secret-of-at-least-32-bytes"
 
 
 class Receiver:
@@ -66,8 +67,11 @@ def test_each_body_is_signed_and_carries_its_idempotency_key(receiver, settings)
     results = WebhookGateway(url=receiver.url, secret=SECRET).deliver(messages(2))
     assert [r.ok for r in results] == [True, True]
     for (headers, body), key in zip(receiver.requests, ["reminder:0", "reminder:1"], strict=True):
-        expected = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+        signed = headers["X-Coupon-Center-Timestamp"].encode() + b"." + body
+        expected = hmac.new(SECRET.encode(), signed, hashlib.sha256).hexdigest()
         assert headers["X-Coupon-Center-Signature"] == f"sha256={expected}"
+        assert verify(SECRET, body, headers["X-Coupon-Center-Signature"],
+                      headers["X-Coupon-Center-Timestamp"])  # fmt: skip
         assert headers["Idempotency-Key"] == key
         assert json.loads(body)["user_id"] in (100, 101)
 
@@ -76,10 +80,22 @@ def test_a_tampered_body_does_not_verify(receiver, settings):
     settings.WEBHOOK_ALLOW_HTTP = True
     WebhookGateway(url=receiver.url, secret=SECRET).deliver(messages(1))
     headers, body = receiver.requests[0]
-    forged = hmac.new(SECRET.encode(), body.replace(b"100", b"999"), hashlib.sha256).hexdigest()
-    assert headers["X-Coupon-Center-Signature"] != f"sha256={forged}"
-    wrong_key = hmac.new(b"other", body, hashlib.sha256).hexdigest()
-    assert headers["X-Coupon-Center-Signature"] != f"sha256={wrong_key}"
+    signature, stamp = headers["X-Coupon-Center-Signature"], headers["X-Coupon-Center-Timestamp"]
+    assert verify(SECRET, body, signature, stamp)
+    assert not verify(SECRET, body.replace(b"100", b"999"), signature, stamp)
+    assert not verify("other-secret-of-thirty-two-bytes!", body, signature, stamp)
+    assert not verify(SECRET, body, signature, str(int(stamp) + 1))  # the timestamp is signed
+
+
+def test_a_replayed_request_is_refused_by_its_timestamp(receiver, settings):
+    settings.WEBHOOK_ALLOW_HTTP = True
+    WebhookGateway(url=receiver.url, secret=SECRET).deliver(messages(1))
+    headers, body = receiver.requests[0]
+    signature, stamp = headers["X-Coupon-Center-Signature"], headers["X-Coupon-Center-Timestamp"]
+    sent = int(stamp)
+    assert verify(SECRET, body, signature, stamp, now=sent + REPLAY_TOLERANCE_S)
+    assert not verify(SECRET, body, signature, stamp, now=sent + REPLAY_TOLERANCE_S + 1)
+    assert not verify(SECRET, body, signature, stamp, now=sent - REPLAY_TOLERANCE_S - 1)
 
 
 def test_only_the_failed_items_are_reported_failed(receiver, settings):
@@ -100,3 +116,10 @@ def test_the_gateway_needs_a_url(settings):
     settings.NOTIFY_WEBHOOK_URL = ""
     with pytest.raises(ValueError, match="NOTIFY_WEBHOOK_URL"):
         WebhookGateway()
+
+
+@pytest.mark.parametrize("secret", ["", "too-short"])
+def test_the_gateway_refuses_a_short_secret(settings, secret):
+    settings.NOTIFY_WEBHOOK_SECRET = secret
+    with pytest.raises(ValueError, match="at least 32 bytes"):
+        WebhookGateway(url="https://hooks.example.com/hook")

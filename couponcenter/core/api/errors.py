@@ -40,6 +40,27 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return response
 
 
+def flat_errors(data: dict, prefix: str = "") -> dict[str, list[str]]:
+    """Nested serializer errors as one level: ``{"jobs.3.action_time": ["..."]}``, for a view
+    whose input nests (a list of objects) to answer the documented ``{field: [messages]}``."""
+    flat: dict[str, list[str]] = {}
+    for name, value in data.items():
+        path = f"{prefix}{name}"
+        if isinstance(value, dict):
+            flat.update(flat_errors(value, f"{path}."))
+        elif isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
+            for index, item in enumerate(value):
+                if isinstance(item, dict):
+                    flat.update(flat_errors(item, f"{path}.{index}."))
+                elif isinstance(item, list):
+                    flat.update(flat_errors({str(index): item}, f"{path}."))
+                elif item:
+                    flat.setdefault(path, []).append(str(item))
+        else:
+            flat[path] = [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    return flat
+
+
 def _django_errors(exc: DjangoValidationError) -> dict[str, list[str]]:
     if not hasattr(exc, "error_dict"):
         return {api_settings.NON_FIELD_ERRORS_KEY: exc.messages}

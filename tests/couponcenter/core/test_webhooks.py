@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from couponcenter.core.webhooks import post_signed
+from couponcenter.core.webhooks import address_refused, post_signed
 
 SECRET = "s" * 32
 
@@ -95,3 +95,42 @@ def test_an_unreachable_target_names_the_scheme_and_host_only(servers):
                     idempotency_key="k1")  # fmt: skip
     text = f"{caught.value} {caught.value!r}"
     assert target.origin in text and "SECRETINQUERY" not in text
+
+
+@pytest.mark.parametrize("secret", ["", "s" * 31])
+def test_a_short_secret_signs_nothing(secret):
+    # Refused before any connection is made: the target need not exist.
+    with pytest.raises(ValueError, match="at least 32 bytes"):
+        post_signed("https://hooks.example.invalid/x", b"{}", secret=secret, idempotency_key="k")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_a_private_address_is_refused_before_anything_is_sent(servers, settings, host):
+    """Loopback here; the check is on the address connected to, so a public-looking name that
+    resolves to it ("localhost" stands in for one) is refused as well."""
+    settings.WEBHOOK_ALLOW_PRIVATE = False
+    target = Server()
+    servers.append(target)
+    url = f"http://{host}:{target.httpd.server_port}/hook?api_key=SECRETINQUERY"
+    with pytest.raises(requests.RequestException, match="non-public address 127.0.0.1") as caught:
+        post_signed(url, b"{}", secret=SECRET, idempotency_key="k1")
+    assert "WEBHOOK_ALLOW_PRIVATE" in str(caught.value) and "SECRETINQUERY" not in str(caught.value)
+    assert target.requests == []  # not a byte of the body or the signature went out
+
+
+def test_private_addresses_are_allowed_when_configured(servers, settings):
+    settings.WEBHOOK_ALLOW_PRIVATE = True
+    target = Server()
+    servers.append(target)
+    post_signed(f"{target.origin}/hook", b"{}", secret=SECRET, idempotency_key="k1")
+    assert len(target.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("address", "refused"),
+    [("10.1.2.3", True), ("172.16.0.1", True), ("192.168.1.1", True), ("169.254.169.254", True),
+     ("::1", True), ("fe80::1", True), ("fd00::1", True), ("::ffff:10.0.0.1", True),
+     ("0.0.0.0", True), ("224.0.0.1", True), ("8.8.8.8", False), ("2606:4700::1111", False)],
+)  # fmt: skip
+def test_which_addresses_are_non_public(address, refused):
+    assert address_refused(address) is refused

@@ -58,6 +58,7 @@ def settings_form(row: ReminderSettings, **overrides) -> dict:
         "merge_window_ms": row.merge_window_ms, "late_policy": row.late_policy,
         "late_limit": "00:05:00", "max_delivery_queue": row.max_delivery_queue,
         "backlog_warning": row.backlog_warning, "lateness_warning_ms": row.lateness_warning_ms,
+        "prestage_ms": row.prestage_ms,
     }  # fmt: skip
     data.update(overrides)
     return data

@@ -1,0 +1,297 @@
+"""The whole benchmark suite in one sitting (``manage.py bench_all``, ``make bench``).
+
+Machines of the same kind differ 2-3x from run to run, so every figure is printed beside the raw
+limit of the same work measured in the same run, and the targets are ratios (DESIGN.md section 8):
+
+- dispatch rate / the bare Lua pop-and-ack loop;
+- reminders end to end (200,000 in the inbox) / a bare SQL loop doing the same inbox writes;
+- the burst's p99 lateness with pre-staging, beside the same burst without it;
+- a steady 5,000 reminders/s: p99 and p99.9 lateness;
+- expiry / the bare SQL expiry loop;
+- claims over HTTP / the same gunicorn answering ``/healthz/live/``;
+- cost as the backlog grows: Redis bytes per pending reminder and the claim rate at 1M and 10M;
+- the peers (BullMQ, Celery ETA) on the same Redis and workload, when asked for.
+
+It writes one JSON file and one Markdown table under ``var/bench/`` and returns the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+from django.conf import settings
+from django.db import connection
+
+from couponcenter.bench import http as bench_http
+from couponcenter.bench.progress import Progress
+from couponcenter.core.redis import get_redis
+from expiry.bench import sweep as bench_expiry
+from reminders.bench import backlog as bench_backlog
+from reminders.bench import end_to_end as bench_reminders
+from reminders.bench import peers as bench_peers
+from reminders.bench.raw_inbox import bench_raw_inbox
+from reminders.selectors import reminder_settings_get
+
+STEADY_RATE = 5000
+
+
+@dataclass
+class Figure:
+    """One row of the table: a figure beside its raw limit, the ratio and the target."""
+
+    name: str
+    value: float | None
+    unit: str
+    raw_name: str = ""
+    raw_value: float | None = None
+    ratio: float | None = None
+    target: str = ""
+    met: bool | None = None
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")),
+                       cpu)  # fmt: skip
+    except OSError:
+        pass
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT version()" if connection.vendor == "postgresql" else "SELECT 1")
+        database = cursor.fetchone()[0] if connection.vendor == "postgresql" else connection.vendor
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "system": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "database": str(database).split(",")[0],
+        "redis": get_redis().info("server").get("redis_version"),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _ratio(value: float | None, raw: float | None) -> float | None:
+    return round(value / raw, 3) if value and raw else None
+
+
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """The table's rows from one run's results."""
+    r, rows = result.get("reminders", {}), []
+    n = f"{r['count'] // 1000}k" if r.get("count") else ""
+    if r:
+        dispatch = r.get("dispatch_per_s")
+        ratio = _ratio(dispatch, r.get("raw_limit_per_s"))
+        rows.append(Figure(f"reminders: {n} burst claimed and handed on", dispatch, "/s",
+                           "bare Lua pop-and-ack loop", r.get("raw_limit_per_s"), ratio,
+                           ">= 0.30 of raw", ratio is not None and ratio >= 0.30))  # fmt: skip
+        e2e = round(r["count"] / r["end_to_end_s"]) if r.get("end_to_end_s") else None
+        raw_inbox = result.get("raw_inbox", {}).get("raw_inbox_per_s")
+        ratio = _ratio(e2e, raw_inbox)
+        rows.append(Figure(f"reminders: {n} burst in the inbox (no pre-staging)", e2e, "/s",
+                           "bare SQL inbox-write loop", raw_inbox, ratio, ">= 0.60 of raw",
+                           ratio is not None and ratio >= 0.60))  # fmt: skip
+        p99, without = r.get("burst_p99_ms"), r.get("burst_p99_ms_without_prestage")
+        rows.append(Figure(f"reminders: {n} burst, p99 lateness to the inbox, pre-staged", p99,
+                           "ms", "the same burst without pre-staging", without,
+                           _ratio(p99, without), "<= 1000 ms",
+                           p99 is not None and p99 <= 1000))  # fmt: skip
+        for suffix, label in (("", "pre-staged"), ("_without_prestage", "no pre-staging")):
+            p99 = r.get(f"steady_lateness_p99_ms{suffix}")
+            p999 = r.get(f"steady_lateness_p999_ms{suffix}")
+            rate = r.get(f"steady_rate_per_s{suffix}")
+            if p99 is None:
+                continue
+            rows.append(Figure(f"reminders: steady {rate}/s, p99 / p99.9 lateness ({label})",
+                               p99, "ms", "p99.9", p999, None, "p99 <= 100, p99.9 <= 250 ms",
+                               p99 <= 100 and (p999 or 0) <= 250))  # fmt: skip
+    e = result.get("expiry", {})
+    if e:
+        rows.append(Figure(f"expiry: {e['count']:,} coupons, {e['workers']} sweepers",
+                           e.get("per_s"), "/s", "bare SQL expiry loop", e.get("raw_sql_per_s"),
+                           e.get("of_raw"), ">= 0.90 of raw",
+                           (e.get("of_raw") or 0) >= 0.90))  # fmt: skip
+    c = result.get("claims", {})
+    if c:
+        ratio = _ratio(c.get("claims_per_s"), c.get("raw_limit_per_s"))
+        rows.append(Figure("claims over HTTP", c.get("claims_per_s"), "/s",
+                           "the same gunicorn on /healthz/live/", c.get("raw_limit_per_s"), ratio,
+                           ">= 0.25 of raw", ratio is not None and ratio >= 0.25))  # fmt: skip
+    b = result.get("backlog", {})
+    if b:
+        small, large = b["sizes"][0], b["sizes"][-1]
+        rows.append(Figure(f"backlog: claim + ack with {large['pending']:,} pending",
+                           large["claim_ack_per_s"], "/s",
+                           f"the same with {small['pending']:,} pending", small["claim_ack_per_s"],
+                           b["claim_rate_growth"], ">= 0.85 of the smaller backlog",
+                           b["claim_rate_growth"] >= 0.85))  # fmt: skip
+        rows.append(Figure("backlog: Redis memory per pending reminder",
+                           b["max_bytes_per_pending"], "bytes",
+                           f"at {small['pending']:,} pending", small["bytes_per_pending"],
+                           b["memory_growth"], "<= 120 bytes",
+                           b["max_bytes_per_pending"] <= 120))  # fmt: skip
+    p = result.get("peers", {})
+    if p and r:
+        ours = round(r["count"] / r["end_to_end_s"]) if r.get("end_to_end_s") else None
+        for peer, label in (("bullmq", "BullMQ delayed jobs"), ("celery_eta", "Celery ETA")):
+            if f"{peer}_burst_per_s" not in p:
+                continue
+            rows.append(Figure(f"peer {label}: {n} burst drained (no-op job)",
+                               p.get(f"{peer}_burst_per_s"), "/s",
+                               "ours, into the inbox", ours,
+                               _ratio(ours, p.get(f"{peer}_burst_per_s"))))  # fmt: skip
+            without = r.get("burst_p99_ms_without_prestage")
+            rows.append(Figure(f"peer {label}: {n} burst, p99 lateness",
+                               p.get(f"{peer}_burst_lateness_p99_ms"), "ms",
+                               "ours, pre-staged", r.get("burst_p99_ms"), None,
+                               f"ours without pre-staging: {without} ms"))  # fmt: skip
+            for rate in p.get("peer_rates", []):
+                key = f"{peer}_steady_{rate}_lateness"
+                rows.append(Figure(f"peer {label}: steady {rate}/s, p99 / p99.9 lateness",
+                                   p.get(f"{key}_p99_ms"), "ms", "p99.9",
+                                   p.get(f"{key}_p999_ms")))  # fmt: skip
+    return rows
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    lines = [
+        f"Run {result['started_at']}, {result['seconds']:.0f} s: {m['cpu']}, {m['cores']} cores, "
+        f"{m['memory_gib']} GiB, {m['database']}, Redis {m['redis']}; load average "
+        f"{' / '.join(map(str, m['load_average']))} at the start, "
+        f"{' / '.join(map(str, result['load_average_end']))} at the end.",
+        "",
+        "| figure | measured | raw limit or comparison (same run) | ratio | target | met |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result["figures"]:
+        value = "—" if row["value"] is None else f"{row['value']:,} {row['unit']}"
+        raw = (
+            ""
+            if not row["raw_name"]
+            else f"{row['raw_name']}: "
+            + ("—" if row["raw_value"] is None else f"{row['raw_value']:,}")
+        )
+        met = "" if row["met"] is None else ("yes" if row["met"] else "**no**")
+        ratio = "" if row["ratio"] is None else f"{row['ratio']:.3f}"
+        lines.append(f"| {row['name']} | {value} | {raw} | {ratio} | {row['target']} | {met} |")
+    if "bullmq_skipped" in result.get("peers", {}):
+        lines += ["", f"BullMQ skipped: {result['peers']['bullmq_skipped']}."]
+    return "\n".join(lines) + "\n"
+
+
+def _spread(values: list, unit: str = "") -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "—"
+    values = sorted(values)
+    mid = values[len(values) // 2]
+    fmt = (lambda v: f"{v:,.3f}") if unit == "ratio" else (lambda v: f"{v:,}")
+    text = fmt(mid)
+    if len(values) > 1 and values[0] != values[-1]:
+        text += f" ({fmt(values[0])}–{fmt(values[-1])})"
+    return text + (f" {unit}" if unit and unit != "ratio" else "")
+
+
+def markdown_spread(results: list[dict[str, Any]]) -> str:
+    """One table over several runs: the median of each figure with the range of the runs."""
+    lines = [f"{len(results)} runs of `bench_all`:", ""]
+    for result in results:
+        m = result["machine"]
+        lines.append(
+            f"- {result['started_at']}: {m['cpu']}, {m['cores']} cores; load average "
+            f"{m['load_average'][0]} at the start, {result['load_average_end'][0]} at the end"
+        )
+    lines += [
+        "",
+        "| figure | measured, median (range) | raw limit or comparison, median (range) | ratio "
+        "| target | met |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    rows: dict[str, list[dict]] = {}
+    for result in results:
+        for row in result["figures"]:
+            rows.setdefault(row["name"], []).append(row)
+    for name, runs in rows.items():
+        first = runs[0]
+        value = _spread([r["value"] for r in runs], first["unit"])
+        raw = (
+            ""
+            if not first["raw_name"]
+            else f"{first['raw_name']}: " + _spread([r["raw_value"] for r in runs])
+        )
+        ratio = _spread([r["ratio"] for r in runs], "ratio") if first["ratio"] is not None else ""
+        verdicts = [r["met"] for r in runs if r["met"] is not None]
+        met = "" if not verdicts else f"{sum(verdicts)} of {len(verdicts)}"
+        lines.append(f"| {name} | {value} | {raw} | {ratio} | {first['target']} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(
+    *,
+    count: int = 200_000,
+    expiry_count: int = 1_000_000,
+    claims_seconds: float = 20,
+    peers: bool = True,
+    parts: tuple[str, ...] = ("expiry", "raw_inbox", "reminders", "claims", "backlog"),
+    progress: Progress | None = None,
+    out_dir: Path | None = None,
+    say: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
+    started = time.time()
+    result: dict[str, Any] = {
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+    }
+    live = reminder_settings_get(fresh=True)
+    # The parts that fork worker processes run first: a process forked after Celery's broker
+    # connections were used (the reminders part pings its workers) can hang in kombu's
+    # after-fork cleanup.
+    if "expiry" in parts:
+        say(f"expiry: {expiry_count:,} coupons, 2 sweepers, beside the bare SQL loop")
+        result["expiry"] = bench_expiry.run_bench(
+            count=expiry_count, workers=2, batch_size=10_000, progress=False
+        ).as_dict()
+    if "raw_inbox" in parts:
+        say("raw limit: the bare SQL inbox-write loop")
+        result["raw_inbox"] = bench_raw_inbox(
+            count, bench_reminders.BENCH_USER_BASE, batch_size=live.batch_size, progress=progress
+        )
+    if "reminders" in parts:
+        say(f"reminders: a {count:,} burst with and without pre-staging, steady {STEADY_RATE}/s")
+        result["reminders"] = bench_reminders.run(
+            count=count, steady_rate=STEADY_RATE, steady_seconds=10, progress=progress
+        )
+    if "claims" in parts:
+        say(f"claims over HTTP: {claims_seconds:.0f} s, beside /healthz/live/")
+        result["claims"] = bench_http.run(seconds=claims_seconds, progress=say)
+    if "backlog" in parts:
+        say("cost as the backlog grows: 1M and 10M pending reminders in Redis")
+        result["backlog"] = bench_backlog.run(sizes=[1_000_000, 10_000_000], progress=progress)
+    if peers:
+        say("peers: BullMQ and Celery ETA on the same Redis")
+        result["peers"] = bench_peers.run(
+            count=count, rates=[2000, STEADY_RATE], seconds=10, peers=["bullmq", "celery"],
+            progress=progress,
+        )  # fmt: skip
+    result["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["seconds"] = round(time.time() - started, 1)
+    result["figures"] = [asdict(row) for row in figures(result)]
+    folder = out_dir or Path(settings.VAR_DIR) / "bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    result["json_path"] = str(folder / f"bench-{stamp}.json")
+    result["markdown_path"] = str(folder / f"bench-{stamp}.md")
+    Path(result["json_path"]).write_text(json.dumps(result, indent=2, default=str))
+    Path(result["markdown_path"]).write_text(markdown(result))
+    return result

@@ -1,0 +1,26 @@
+"""Configuration that must stop a process from starting: outbound calls signed with a guessable key.
+
+``config_errors`` is run by ``RemindersConfig.ready()``: every process (web, workers, any command,
+``manage.py check --deploy`` included) refuses to start with the reason.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from couponcenter.core.webhooks import secret_problem
+from reminders.selectors.topics import timeout_topic_specs
+
+
+def config_errors() -> list[str]:
+    errors = []
+    if settings.NOTIFY_WEBHOOK_URL:
+        problem = secret_problem(settings.NOTIFY_WEBHOOK_SECRET, what="NOTIFY_WEBHOOK_SECRET")
+        if problem:
+            errors.append(f"NOTIFY_WEBHOOK_URL is set but {problem}")
+    try:
+        timeout_topic_specs()
+    except ImproperlyConfigured as exc:
+        errors.append(str(exc))
+    return errors

@@ -1,0 +1,55 @@
+"""Subscriptions in the engine's index: their entries follow the rows once a transaction commits.
+
+The member of a subscription's entry is ``"<subscription id>:<user id>:<coupon id>"`` in its stored
+slot, on the topic of its priority.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.db import transaction
+
+from reminders.engine import queue
+from reminders.members import member, reminder_topic_for
+from reminders.models import ReminderSubscription
+
+REINDEX_CHUNK = 5000
+
+
+def by_topic(rows, key: Callable) -> dict[str, list]:
+    grouped: dict[str, list] = {}
+    for row in rows:
+        topic, item = key(row)
+        grouped.setdefault(topic, []).append(item)
+    return grouped
+
+
+def index_on_commit(subs: list[ReminderSubscription]) -> None:
+    """Schedule (or move) these subscriptions' entries once the transaction commits."""
+    grouped = by_topic(
+        subs,
+        lambda s: (
+            reminder_topic_for(s.priority),
+            (member(s.pk, s.user_id, s.coupon_id), queue.epoch_ms(s.remind_at), s.slot),
+        ),
+    )
+
+    def index() -> None:
+        for topic, items in grouped.items():
+            queue.schedule_many(topic, items)
+
+    if grouped:
+        transaction.on_commit(index)
+
+
+def unindex_on_commit(subs: list[tuple[int, int, int, int, str]]) -> None:
+    """(sub id, user id, coupon id, slot, priority) entries leave Redis once committed."""
+    grouped = by_topic(subs, lambda r: (reminder_topic_for(r[4]), (member(r[0], r[1], r[2]), r[3])))
+
+    def unindex() -> None:
+        for topic, items in grouped.items():
+            queue.cancel_many(topic, items)
+
+    if grouped:
+        transaction.on_commit(unindex)

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from couponcenter.core.webhooks import secret_problem
-from reminders.selectors.topics import timeout_topic_specs
+from reminders.selectors.topics import settings_topic_specs
 
 
 def config_errors() -> list[str]:
@@ -20,7 +20,7 @@ def config_errors() -> list[str]:
         if problem:
             errors.append(f"NOTIFY_WEBHOOK_URL is set but {problem}")
     try:
-        timeout_topic_specs()
+        settings_topic_specs()  # the rows are checked when saved
     except ImproperlyConfigured as exc:
         errors.append(str(exc))
     return errors

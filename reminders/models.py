@@ -9,13 +9,14 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
 from couponcenter.core.live_settings import LiveSettings
 from reminders.engine.topics import TopicSettings
+from reminders.topic_specs import spec_from_topic, spec_problems
 
 # A failed reminder's retries wait at most this long (or the base backoff, if that is longer).
 BACKOFF_CAP_MS = 300_000
@@ -48,6 +49,10 @@ class TimeoutJob(models.Model):
     slot = models.PositiveIntegerField(default=0)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
+    # Recurring jobs (``reminders.recurrence``): an RRULE or a cron expression; the next
+    # occurrence is created when this one is settled. ``series_start``: the first occurrence.
+    recurrence = models.CharField(max_length=500, blank=True, default="")
+    series_start = models.DateTimeField(null=True, blank=True)
     gmt_create = models.DateTimeField(auto_now_add=True)
     gmt_modified = models.DateTimeField(auto_now=True)
 
@@ -67,6 +72,123 @@ class TimeoutJob(models.Model):
 
     def __str__(self) -> str:
         return f"{self.topic} job {self.job_id} ({self.biz_type}:{self.biz_id})"
+
+
+def _power_of_two(value: int) -> None:
+    if value < 1 or value & (value - 1):
+        raise ValidationError(f"{value} is not a power of two (1, 2, 4, 8, ...).")
+
+
+class TimeoutTopic(models.Model):
+    """A generic timeout topic kept as data: workers and the API pick up a new or changed row
+    while they run (``selectors.topics``). Topics in ``settings.TIMEOUT_TOPICS`` are read-only
+    and win a name clash.
+
+    The bounds live here, so the admin and the staff API refuse the same values.
+    """
+
+    class Type(models.TextChoices):
+        HTTP = "http", "HTTP (signed POST)"
+        CELERY = "celery", "Celery task (one per batch)"
+        CALLABLE = "callable", "Python callable (called with the batch)"
+        LOG = "log", "Log only (tests)"
+
+    name = models.CharField(
+        max_length=64,
+        unique=True,
+        validators=[
+            RegexValidator(r"^[a-z0-9][a-z0-9._-]{0,63}$", "lower-case letters, digits, . _ -")
+        ],
+    )
+    type = models.CharField(max_length=10, choices=Type.choices)
+    target = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="http: the URL; celery: the task name; callable: the dotted path.",
+    )
+    secret = models.CharField(
+        max_length=256, blank=True, help_text="http: the HMAC signing key, at least 32 bytes."
+    )
+    allow_http = models.BooleanField(
+        default=False, help_text="Allow a plain-HTTP URL (https only otherwise)."
+    )
+    slots = models.PositiveIntegerField(
+        default=8,
+        validators=[MinValueValidator(1), MaxValueValidator(1024), _power_of_two],
+        help_text="Engine slots (a power of two); a change moves every job, losing none.",
+    )
+    max_attempts = models.PositiveIntegerField(
+        default=16, validators=[MinValueValidator(1), MaxValueValidator(999)]
+    )
+    backoff_base_ms = models.PositiveIntegerField(
+        default=1_000, validators=[MinValueValidator(1), MaxValueValidator(3_600_000)]
+    )
+    backoff_cap_ms = models.PositiveIntegerField(
+        default=300_000, validators=[MinValueValidator(1), MaxValueValidator(86_400_000)]
+    )
+    visibility_ms = models.PositiveIntegerField(
+        default=30_000,
+        validators=[MinValueValidator(1_000), MaxValueValidator(3_600_000)],
+        help_text="A job in flight longer than this is taken back and retried.",
+    )
+    concurrency = models.PositiveIntegerField(
+        default=8,
+        validators=[MinValueValidator(1), MaxValueValidator(256)],
+        help_text="Jobs (http) or batches fired at once by each worker.",
+    )
+    timeout_ms = models.PositiveIntegerField(
+        default=5_000,
+        validators=[MinValueValidator(100), MaxValueValidator(120_000)],
+        help_text="How long one call may take before it counts as failed.",
+    )
+    rate_limit_per_s = models.PositiveIntegerField(
+        default=0,
+        validators=[MaxValueValidator(1_000_000)],
+        help_text="Jobs fired per second across all workers (0: no limit).",
+    )
+    fair_key = models.CharField(
+        max_length=70,
+        blank=True,
+        validators=[
+            RegexValidator(r"^(biz_type|attribute\.[A-Za-z0-9_]{1,60})?$",
+                           "empty, biz_type or attribute.<name>")
+        ],
+        help_text="Share each claim fairly between the values of this key (biz_type or "
+        "attribute.<name>), so one flooding key does not starve the others.",
+    )  # fmt: skip
+    paused = models.BooleanField(default=False, help_text="Due jobs wait in Redis while paused.")
+    owner_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Who may use the topic through the API (staff always may).",
+    )
+    owner_group = models.ForeignKey(
+        "auth.Group",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Or every member of this group. No owner: every caller allowed to manage "
+        "timeouts.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        if self.name and self.name in settings.TIMEOUT_TOPICS:
+            raise ValidationError({"name": "this topic is defined in settings.TIMEOUT_TOPICS"})
+        problems = spec_problems(spec_from_topic(self))
+        if problems:
+            raise ValidationError(problems)
 
 
 class ReminderSubscription(models.Model):
@@ -134,11 +256,6 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"to {self.user_id}: {self.title or self.kind}"
-
-
-def _power_of_two(value: int) -> None:
-    if value < 1 or value & (value - 1):
-        raise ValidationError(f"{value} is not a power of two (1, 2, 4, 8, ...).")
 
 
 class ReminderSettings(LiveSettings):

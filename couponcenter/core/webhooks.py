@@ -144,13 +144,13 @@ class _GuardedAdapter(HTTPAdapter):
                                                    "https": _GuardedHTTPSPool}  # fmt: skip
 
 
-def guarded_session() -> requests.Session:
+def guarded_session(*, pool_size: int = 10) -> requests.Session:
     """A ``requests.Session`` whose connections refuse non-public peers (the address connected
     to, checked before the request is written). No proxies from the environment: a proxy would
     be the peer, and the target behind it unchecked."""
     session = requests.Session()
     session.trust_env = False
-    adapter = _GuardedAdapter()
+    adapter = _GuardedAdapter(pool_connections=pool_size, pool_maxsize=pool_size)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session
@@ -171,9 +171,10 @@ def _refused_private(exc: BaseException) -> str | None:
     return None
 
 
-def check_target(url: str, *, what: str = "target") -> None:
-    """Raises ``ValueError`` for a target this service may not call."""
-    if urlsplit(url).scheme.lower() == "http" and not settings.WEBHOOK_ALLOW_HTTP:
+def check_target(url: str, *, what: str = "target", allow_http: bool = False) -> None:
+    """Raises ``ValueError`` for a target this service may not call (``allow_http``: this
+    target may be plain HTTP, as a topic's operator allowed, whatever ``WEBHOOK_ALLOW_HTTP``)."""
+    if urlsplit(url).scheme.lower() == "http" and not (allow_http or settings.WEBHOOK_ALLOW_HTTP):
         raise ValueError(f"plain-HTTP {what} refused: {origin(url)} (set WEBHOOK_ALLOW_HTTP=1)")
 
 
@@ -185,13 +186,15 @@ def post_signed(
     idempotency_key: str,
     session: requests.Session | None = None,
     what: str = "target",
+    timeout_s: float | None = None,
+    allow_http: bool = False,
 ) -> requests.Response:
     """POST ``body`` signed (``session``: a ``guarded_session()`` to reuse its connections).
 
     Raises ``ValueError`` (refused target or secret) or ``OutboundCallFailed`` (the call failed,
     a non-public address was refused, or the receiver answered a redirect or an error status).
     """
-    check_target(url, what=what)
+    check_target(url, what=what, allow_http=allow_http)
     problem = secret_problem(secret, what=f"the secret of {origin(url)}")
     if problem:
         raise ValueError(problem)
@@ -202,7 +205,7 @@ def post_signed(
         response = session.post(
             url,
             data=body,
-            timeout=settings.WEBHOOK_TIMEOUT_S,
+            timeout=settings.WEBHOOK_TIMEOUT_S if timeout_s is None else timeout_s,
             allow_redirects=False,
             headers={
                 "Content-Type": "application/json",

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from expiry import selectors as expiry_selectors
+from reminders.members import is_reminder_topic
 from reminders.models import ReminderSettings
 from reminders.selectors import reminder_settings_get
 from reminders.selectors.queues import (
@@ -21,6 +22,7 @@ from reminders.selectors.queues import (
     now_ms,
     recent_p99_ms,
     throughput,
+    timeout_topic_rows,
     workers,
 )
 
@@ -57,7 +59,7 @@ def overview() -> dict:
     at_ms = now_ms()
     data = backlog(at_ms=at_ms)
     series = throughput()
-    p99 = recent_p99_ms(series)
+    p99 = recent_p99_ms({t: rows for t, rows in series.items() if is_reminder_topic(t)})
     expiry = expiry_selectors.expiry_stats()
     return {
         "settings": live,
@@ -68,4 +70,5 @@ def overview() -> dict:
         "expiry": expiry,
         "warnings": warnings(data=data, p99_ms=p99, live=live),
         "lockouts": lockouts(),
+        "timeout_topics": timeout_topic_rows(data=data, series=series, at_ms=at_ms),
     }

@@ -32,6 +32,7 @@ def overview_view(request: HttpRequest) -> HttpResponse:
         **admin.site.each_context(request),
         "title": "Operations console",
         "refresh_s": REFRESH_S,
+        "recent_minutes": overview.RECENT_MINUTES,
         "charts": chart_rows,
         **data,
     }

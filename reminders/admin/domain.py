@@ -10,6 +10,7 @@ from couponcenter.core.errors import BusinessError
 from reminders.models import Notification, ReminderSubscription, TimeoutJob
 from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
 from reminders.services import timeout_job_cancel, timeout_job_ensure, timeout_job_reschedule
+from reminders.services.dead_letters import dead_letters_requeue
 
 # Jobs one "cancel" action handles (one conditional UPDATE and one Redis call each).
 CANCEL_CAP = 1000
@@ -39,11 +40,11 @@ class TimeoutJobAdmin(admin.ModelAdmin):
                     "attempts", "last_error"]  # fmt: skip
     list_filter = ["status", "topic"]
     search_fields = ["=job_id", "=biz_id"]
-    search_help_text = "Exact job id or business id."
+    search_help_text = "Exact job id, business id, or business key as type:id (order:123)."
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     list_per_page = 50
-    actions = ["cancel_jobs"]
+    actions = ["cancel_jobs", "requeue_dead_jobs"]
     ENGINE_FIELDS = ["job_id", "status", "slot", "attempts", "last_error", "gmt_create",
                      "gmt_modified"]  # fmt: skip
 
@@ -93,10 +94,32 @@ class TimeoutJobAdmin(admin.ModelAdmin):
             + (f" (at most {CANCEL_CAP:,} per action)." if cancelled + left >= CANCEL_CAP else "."),
         )
 
+    @admin.action(description="Requeue the selected dead jobs")
+    def requeue_dead_jobs(self, request, queryset):
+        """Through the dead-letter service (rows, then the engine's dead queue), per slot."""
+        by_slot: dict[tuple[str, int], list[str]] = {}
+        dead = queryset.filter(status=TimeoutJob.Status.DEAD).order_by("pk")[:CANCEL_CAP]
+        for pk, topic, slot in dead.values_list("pk", "topic", "slot"):
+            by_slot.setdefault((topic, slot), []).append(str(pk))
+        moved = skipped = 0
+        for (topic, slot), job_ids in by_slot.items():
+            result = dead_letters_requeue(topic=topic, slot=slot, job_ids=job_ids)
+            moved += result.rows_fixed
+            skipped += len(result.skipped)
+        self.message_user(
+            request,
+            f"Requeued {moved} dead job(s)"
+            + (f"; {skipped} skipped (a newer job is pending for their key)" if skipped else "")
+            + ". Jobs that were not dead were left alone.",
+        )
+
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
         if not term:
             return queryset, False
+        if ":" in term and exact_id(term) is None:  # "order:123": a business key
+            biz_type, _, biz_id = term.partition(":")
+            return queryset.filter(biz_type=biz_type, biz_id=biz_id), False
         if (pk := exact_id(term)) is not None:
             return queryset.filter(job_id=pk) | queryset.filter(biz_id=term), False
         return queryset.filter(biz_id=term), False

@@ -14,9 +14,9 @@ from rest_framework.views import APIView
 from couponcenter.core.api.errors import conflict_serializer, error_responses, flat_errors
 from couponcenter.core.api.fields import AwareDateTimeField
 from couponcenter.core.api.pagination import NewestFirstCursor
-from reminders import selectors, services
+from reminders import recurrence, selectors, services
 from reminders.models import TimeoutJob
-from reminders.selectors.topics import timeout_topic_specs
+from reminders.selectors.topics import timeout_topic_spec, timeout_topics_for, topic_usable_by
 from reminders.services.timeouts import BULK_MAX
 
 ATTRIBUTE_MAX_CHARS = 16_000
@@ -46,7 +46,8 @@ class TimeoutJobOutputSerializer(serializers.ModelSerializer):
         model = TimeoutJob
         fields = [
             "job_id", "topic", "biz_type", "biz_id", "status", "status_code", "action_time",
-            "attribute", "attempts", "last_error", "gmt_create", "gmt_modified",
+            "attribute", "recurrence", "series_start", "attempts", "last_error", "gmt_create",
+            "gmt_modified",
         ]  # fmt: skip
 
 
@@ -56,6 +57,23 @@ class TimeoutJobInputSerializer(serializers.Serializer):
     biz_id = serializers.CharField(max_length=128)
     action_time = AwareDateTimeField()
     attribute = serializers.JSONField(required=False, default=dict)
+    recurrence = serializers.CharField(
+        max_length=recurrence.MAX_CHARS, required=False, default="", allow_blank=True,
+        help_text="Repeat: an RRULE (`FREQ=DAILY;BYHOUR=9;COUNT=30`) or a cron expression "
+        "(`*/5 * * * *`, UTC). The series starts at `action_time`; each next occurrence is "
+        "created when one has fired.",
+    )  # fmt: skip
+
+    def validate_topic(self, value: str) -> str:
+        return _usable_topic(self.context, value)
+
+    def validate_recurrence(self, value: str) -> str:
+        if value:
+            try:
+                recurrence.check(value)
+            except ValueError as exc:
+                raise serializers.ValidationError(f"Invalid: {exc}.") from None
+        return value
 
     def validate_attribute(self, value):
         if not isinstance(value, dict):
@@ -75,14 +93,26 @@ class TimeoutJobFilterSerializer(serializers.Serializer):
     action_time_before = AwareDateTimeField(required=False, help_text="Exclusive.")
 
     def validate_topic(self, value: str) -> str:
-        if value not in timeout_topic_specs():
-            raise serializers.ValidationError(
-                f"Unknown topic; known: {sorted(timeout_topic_specs())}"
-            )
-        return value
+        return _usable_topic(self.context, value)
 
     def validate_status(self, value: str) -> int:
         return STATUS_NAMES[value]
+
+
+def _usable_topic(context: dict, value: str) -> str:
+    """A topic the caller may use (``context["request"]``): staff all, others the ones they own
+    and the shared ones. Any other is unknown to them."""
+    usable = timeout_topics_for(context["request"].user)
+    if value not in usable:
+        raise serializers.ValidationError(f"Unknown topic; known: {sorted(usable)}")
+    return value
+
+
+def _job_visible(request, job: TimeoutJob) -> TimeoutJob:
+    spec = timeout_topic_spec(job.topic)
+    if not request.user.is_staff and (spec is None or not topic_usable_by(spec, request.user)):
+        raise NotFound("No such job.")
+    return job
 
 
 def _has_nul(value) -> bool:
@@ -106,6 +136,12 @@ CREATE_EXAMPLE = OpenApiExample(
            "action_time": "2026-11-23T12:30:00Z", "attribute": {"tenant": "acme"}},
     request_only=True,
 )  # fmt: skip
+RECURRING_EXAMPLE = OpenApiExample(
+    "Remind store 42 to reconcile every morning for 30 days",
+    value={"topic": "store.reconcile", "biz_type": "store", "biz_id": "42",
+           "action_time": "2026-11-24T09:00:00Z", "recurrence": "FREQ=DAILY;COUNT=30"},
+    request_only=True,
+)  # fmt: skip
 KEY_PARAMETERS = [
     OpenApiParameter("topic", str, required=True, description="The job's topic."),
     OpenApiParameter("biz_type", str, required=True, description="e.g. `order`."),
@@ -123,7 +159,7 @@ class TimeoutJobListCreateApi(APIView):
 
     @extend_schema(
         request=TimeoutJobInputSerializer,
-        examples=[CREATE_EXAMPLE],
+        examples=[CREATE_EXAMPLE, RECURRING_EXAMPLE],
         responses={
             201: OpenApiResponse(TimeoutJobOutputSerializer, description="Created."),
             200: OpenApiResponse(
@@ -135,7 +171,7 @@ class TimeoutJobListCreateApi(APIView):
         },
     )
     def post(self, request):
-        data = TimeoutJobInputSerializer(data=request.data)
+        data = TimeoutJobInputSerializer(data=request.data, context={"request": request})
         data.is_valid(raise_exception=True)
         job, created = services.timeout_job_ensure(**data.validated_data)
         return Response(
@@ -148,12 +184,15 @@ class TimeoutJobListCreateApi(APIView):
         responses={200: TimeoutJobOutputSerializer(many=True), **error_responses(400, 403)},
     )
     def get(self, request):
-        filters = TimeoutJobFilterSerializer(data=request.query_params)
-        filters.is_valid(raise_exception=True)
-        paginator = self.pagination_class()
-        page = paginator.paginate_queryset(
-            selectors.timeout_job_list(**filters.validated_data), request, view=self
+        filters = TimeoutJobFilterSerializer(
+            data=request.query_params, context={"request": request}
         )
+        filters.is_valid(raise_exception=True)
+        jobs = selectors.timeout_job_list(**filters.validated_data)
+        if not request.user.is_staff:  # only the topics this caller may use
+            jobs = jobs.filter(topic__in=list(timeout_topics_for(request.user)))
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(jobs, request, view=self)
         return paginator.get_paginated_response(TimeoutJobOutputSerializer(page, many=True).data)
 
 
@@ -217,7 +256,7 @@ class TimeoutJobBulkApi(APIView):
         },
     )
     def post(self, request):
-        data = TimeoutJobBulkInputSerializer(data=request.data)
+        data = TimeoutJobBulkInputSerializer(data=request.data, context={"request": request})
         if not data.is_valid():  # a bad job is named by its place: "jobs.3.action_time"
             raise serializers.ValidationError(flat_errors(data.errors))
         results = services.timeout_jobs_bulk_create(data.validated_data["jobs"])
@@ -248,6 +287,9 @@ class TimeoutJobKeySerializer(serializers.Serializer):
     biz_type = serializers.CharField(max_length=64)
     biz_id = serializers.CharField(max_length=128)
 
+    def validate_topic(self, value: str) -> str:
+        return _usable_topic(self.context, value)
+
 
 class TimeoutJobRescheduleSerializer(serializers.Serializer):
     action_time = AwareDateTimeField()
@@ -262,7 +304,7 @@ class TimeoutJobByKeyApi(APIView):
     permission_classes = [CanManageTimeouts]
 
     def _key(self, request) -> dict:
-        key = TimeoutJobKeySerializer(data=request.query_params)
+        key = TimeoutJobKeySerializer(data=request.query_params, context={"request": request})
         key.is_valid(raise_exception=True)
         return key.validated_data
 
@@ -325,7 +367,7 @@ class TimeoutJobDetailApi(APIView):
 
     @extend_schema(responses={200: TimeoutJobOutputSerializer, **error_responses(403, 404)})
     def get(self, request, job_id: int):
-        job = get_object_or_404(TimeoutJob, pk=job_id)
+        job = _job_visible(request, get_object_or_404(TimeoutJob, pk=job_id))
         return Response(TimeoutJobOutputSerializer(job).data)
 
     @extend_schema(
@@ -337,6 +379,6 @@ class TimeoutJobDetailApi(APIView):
         },
     )
     def delete(self, request, job_id: int):
-        job = get_object_or_404(TimeoutJob, pk=job_id)
+        job = _job_visible(request, get_object_or_404(TimeoutJob, pk=job_id))
         job = services.timeout_job_cancel(job=job)
         return Response(TimeoutJobOutputSerializer(job).data)

@@ -1,9 +1,15 @@
 from django.urls import path
 
 from couponcenter.core.api import converters  # noqa: F401  (registers the "id" path converter)
-from reminders.api import notifications, subscriptions, timeouts
+from reminders.api import notifications, subscriptions, timeouts, topics
 
 urlpatterns = [
+    path("timeout-topics/", topics.TopicListApi.as_view(), name="timeout-topic-list"),
+    path(
+        "timeout-topics/<str:name>/",
+        topics.TopicDetailApi.as_view(),
+        name="timeout-topic-detail",
+    ),
     path("timeouts/", timeouts.TimeoutJobListCreateApi.as_view(), name="timeout-list"),
     path("timeouts/bulk/", timeouts.TimeoutJobBulkApi.as_view(), name="timeout-bulk"),
     path("timeouts/by-key/", timeouts.TimeoutJobByKeyApi.as_view(), name="timeout-by-key"),

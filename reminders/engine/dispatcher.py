@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from . import leases, queue
 from .connection import Client
@@ -64,10 +65,20 @@ class TickReport:
     next_due_ms: int | None = None
 
 
+class ClaimBudget(Protocol):
+    """How many entries of a topic may be claimed now (a rate limit, an executor's room)."""
+
+    def take(self, topic: Topic, want: int) -> int:
+        """Up to ``want``; 0 claims nothing of ``topic`` this time."""
+
+    def give_back(self, topic: Topic, unused: int) -> None:
+        """The claim found fewer due entries than it was allowed: return the rest."""
+
+
 class Dispatcher:
     def __init__(
         self,
-        topics: Sequence[Topic] | None = None,
+        topics: Sequence[Topic] | Callable[[], Sequence[Topic]] | None = None,
         *,
         config: ConfigProvider | None = None,
         worker_id: str | None = None,
@@ -79,6 +90,10 @@ class Dispatcher:
         may_claim: Callable[[Topic], bool] | None = None,
         maintenance_every_ms: int = 0,
         min_sleep_ms: float = MIN_SLEEP_S * 1000,
+        budget: ClaimBudget | None = None,
+        on_shutdown: Sequence[Callable[[], None]] = (),
+        handed_counts: Callable[[], dict[str, int]] | None = None,
+        load: Callable[[], dict[str, list[int]]] | None = None,
     ):
         """``housekeeping``: callables run every tick by exactly one worker (a singleton lease),
         e.g. the database reconcile. ``may_claim(topic)``: backpressure; False skips claiming
@@ -86,8 +101,19 @@ class Dispatcher:
         lease sync, reaping and housekeeping run at most this often (0: every tick), so a busy
         loop spends its round trips on claims; keep it well under the lease time.
         ``min_sleep_ms``: the shortest sleep between ticks; under a steady stream of due entries
-        it sets how many one claim gathers (and so how many handler calls there are)."""
-        self._topics = list(topics) if topics is not None else None
+        it sets how many one claim gathers (and so how many handler calls there are).
+        ``topics``: a list, or a callable asked every tick (topics may come and go while the
+        worker runs). ``budget``: caps each claim (rate limits, executors' room).
+        ``on_shutdown``: run first on shutdown (executors finishing what they hold).
+        ``handed_counts``: running totals ("acked", "retried", "dead") of entries handed on and
+        settled in this process since it started; each tick reports what they grew by.
+        ``load``: per topic [in flight, capacity] of this process's executors, heartbeated."""
+        self._topics = topics if topics is None or callable(topics) else list(topics)
+        self.budget = budget
+        self.on_shutdown = list(on_shutdown)
+        self.handed_counts = handed_counts
+        self.load = load
+        self._handed_seen: dict[str, int] = dict(handed_counts()) if handed_counts else {}
         self.config = config or EngineSettings
         self.worker_id = worker_id or leases.new_worker_id()
         self.client = client
@@ -99,6 +125,7 @@ class Dispatcher:
         self.maintenance_every_ms = maintenance_every_ms
         self.min_sleep_s = min_sleep_ms / 1000
         self._last_maintenance_ms: int | None = None
+        self._last_shape: tuple = ()
         self.started_ms = clock()
         self.leases = leases.SlotLeases(self.worker_id, client=client)
         self._stop = threading.Event()
@@ -106,20 +133,27 @@ class Dispatcher:
         self._last_prune_ms = 0
 
     def topics(self) -> list[Topic]:
-        return self._topics if self._topics is not None else all_topics()
+        if self._topics is None:
+            return all_topics()
+        return list(self._topics()) if callable(self._topics) else self._topics
 
     # --- one tick ---------------------------------------------------------------------------------
 
     def run_once(self) -> TickReport:
+        topic_list = self.topics()  # first: a provider may add topics the config then describes
         cfg = self.config()
         self.leases.ttl_ms = cfg.lease_ms
-        topics = [(topic, cfg.for_topic(topic)) for topic in self.topics()]
+        topics = [(topic, cfg.for_topic(topic)) for topic in topic_list]
         report = TickReport()
         now = self.clock()
-        if self._last_maintenance_ms is None or (
-            now - self._last_maintenance_ms >= self.maintenance_every_ms
+        shape = tuple((topic.name, ts.slots) for topic, ts in topics)
+        if (
+            self._last_maintenance_ms is None
+            or shape != self._last_shape
+            or (now - self._last_maintenance_ms >= self.maintenance_every_ms)
         ):
             self._last_maintenance_ms = now
+            self._last_shape = shape  # a topic added or resized gets its slots at once
             self._maintain(cfg, topics, report)
         report.owned = {t.name: self.leases.owned(t.name) for t, _ in topics}
         working = [(topic, ts) for topic, ts in topics if not ts.paused and self.may_claim(topic)]
@@ -128,7 +162,17 @@ class Dispatcher:
         finally:
             self._flush(working)
         report.next_due_ms = self._next_due(working)
+        self._count_handed(report)
         return report
+
+    def _count_handed(self, report: TickReport) -> None:
+        if self.handed_counts is None:
+            return
+        now = dict(self.handed_counts())
+        for name in ("acked", "retried", "dead"):
+            grew = now.get(name, 0) - self._handed_seen.get(name, 0)
+            setattr(report, name, getattr(report, name) + grew)
+        self._handed_seen = now
 
     def _maintain(self, cfg: EngineSettings, topics, report: TickReport) -> None:
         """Heartbeat, slot assignment and leases, reaping, housekeeping."""
@@ -159,6 +203,7 @@ class Dispatcher:
             started_ms=self.started_ms,
             config_version=cfg.version,
             owned={t.name: self.leases.owned(t.name) for t in self.topics()},
+            load=self.load() if self.load is not None else {},
         )
         leases.heartbeat(info, client=self.client)
 
@@ -241,9 +286,15 @@ class Dispatcher:
         token = self.leases.token(topic.name, slot)
         if token is None:
             return False
+        limit = ts.batch_size
+        if self.budget is not None:
+            limit = min(limit, self.budget.take(topic, limit))
+            if limit <= 0:
+                return False
+        entries: list[Claimed] = []
         try:
             entries = queue.claim(topic.name, slot, now_ms=self.clock() + ts.lookahead_ms,
-                                  limit=ts.batch_size,
+                                  limit=limit,
                                   visibility_ms=ts.visibility_ms, lease_token=token,
                                   with_due=topic.needs_due,
                                   isolate_suspects=topic.isolate_suspects,
@@ -256,8 +307,11 @@ class Dispatcher:
             self.leases.drop(topic.name, slot)
             report.lease_lost += 1
             return False
+        finally:
+            if self.budget is not None and len(entries) < limit:
+                self.budget.give_back(topic, limit - len(entries))
         # A suspect comes alone (see Topic.isolate_suspects); more may be due behind it.
-        return len(entries) >= ts.batch_size or (len(entries) == 1 and entries[0].suspect)
+        return len(entries) >= limit or (len(entries) == 1 and entries[0].suspect)
 
     def _settle(self, topic, ts, slot, token, entries: list[Claimed], report: TickReport) -> None:
         results = self._handle(topic, entries, slot)
@@ -368,6 +422,11 @@ class Dispatcher:
 
     def shutdown(self) -> None:
         """Hand our slots over at once instead of after the lease time."""
+        for hook in self.on_shutdown:
+            try:
+                hook()
+            except Exception:
+                log.exception("shutdown hook %r failed", hook)
         try:
             self.leases.release_all()
             leases.release_singleton("reaper", self.worker_id, client=self.client)

@@ -87,6 +87,11 @@ def layouts(topic: str) -> str:
     return f"{prefix()}:layouts:{topic}"
 
 
+def rate_bucket(topic: str) -> str:
+    """HASH: the topic's token bucket (``rate_take.lua``), shared by every worker."""
+    return f"{prefix()}:rate:{topic}"
+
+
 def epoch() -> str:
     """Set by the reminder workers once Redis holds the schedule; its absence means Redis lost
     its data (flush, restart without persistence) and the schedule must be rebuilt."""

@@ -48,6 +48,8 @@ class WorkerInfo:
     started_ms: int = 0
     config_version: int = 0
     owned: dict[str, list[int]] = field(default_factory=dict)
+    # Per topic handed on to an executor of this worker: [in flight, capacity].
+    load: dict[str, list[int]] = field(default_factory=dict)
 
 
 def heartbeat(worker: WorkerInfo, *, client: Client | None = None) -> None:

@@ -109,8 +109,9 @@ LEASE_RENEW = LuaScript("lease_renew")
 LEASE_RELEASE = LuaScript("lease_release")
 SINGLETON_HOLD = LuaScript("singleton_hold")
 WORKERS_PRUNE = LuaScript("workers_prune")
+RATE_TAKE = LuaScript("rate_take")
 ALL = (ENQUEUE, CANCEL, CLAIM_DUE, ACK, NACK, REAP, REQUEUE_DEAD, PURGE_DEAD, LEASE_ACQUIRE,
-       LEASE_RENEW, LEASE_RELEASE, SINGLETON_HOLD, WORKERS_PRUNE)  # fmt: skip
+       LEASE_RENEW, LEASE_RELEASE, SINGLETON_HOLD, WORKERS_PRUNE, RATE_TAKE)  # fmt: skip
 
 
 def load_all(client: Client) -> None:

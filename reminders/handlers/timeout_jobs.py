@@ -1,4 +1,5 @@
-"""Firing generic timeout jobs: the engine handler of every topic in ``TIMEOUT_TOPICS``.
+"""Firing generic timeout jobs: the engine handler of every generic topic (``TimeoutTopic`` rows
+and ``settings.TIMEOUT_TOPICS``), what their executors fire, and how the results settle.
 
 Invariants:
 - a job fires at least once: it leaves Redis only when its action succeeded (ack), was dropped
@@ -11,22 +12,31 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
+import requests
 from celery import current_app
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from couponcenter.core.db.times import aware_time, db_time
 from couponcenter.core.webhooks import post_signed
+from reminders import metrics
 from reminders.alerts import raise_alert
+from reminders.engine import queue
 from reminders.engine.queue import epoch_ms as queue_epoch_ms
 from reminders.engine.scripts import Claimed
-from reminders.engine.topics import DROP, OK, Dead, Result, Retry
+from reminders.engine.topics import DROP, HANDED_ON, Result
+from reminders.handlers.executors import Fired
 from reminders.models import TimeoutJob
-from reminders.selectors.topics import TimeoutTopicSpec, timeout_topic_spec
+from reminders.selectors.topics import TimeoutTopicSpec
+from reminders.services.timeouts import timeout_jobs_next_occurrences
+
+if TYPE_CHECKING:
+    from reminders.runtime.executors import TopicExecutors
 
 logger = logging.getLogger(__name__)
 Status = TimeoutJob.Status
@@ -36,8 +46,11 @@ TABLE = TimeoutJob._meta.db_table
 DUE_SLACK_MS = 1
 
 
-def timeout_jobs_handle(topic: str, entries: Sequence[Claimed]) -> dict[str, Result]:
-    """The engine handler of a generic topic: fire each claimed job's action once.
+def timeout_jobs_handle(
+    topic: str, entries: Sequence[Claimed], slot: int, *, executors: TopicExecutors
+) -> dict[str, Result]:
+    """The engine handler of a generic topic: take the claimed jobs' rows and hand the jobs to
+    the topic's executor, which fires and settles them (``settle_fired``) off the dispatch loop.
 
     One statement takes the batch's rows from pending to running (``_take``); only the rows it
     took fire, so a cancel or a reschedule that committed first wins, and one that comes later
@@ -45,46 +58,56 @@ def timeout_jobs_handle(topic: str, entries: Sequence[Claimed]) -> dict[str, Res
     entry's due time (rescheduled while its old entry was being claimed) is put back and its
     entry dropped: the reschedule indexed the new time.
     """
-    spec = timeout_topic_spec(topic)
     results: dict[str, Result] = {e.job_id: DROP for e in entries}
-    if spec is None:
+    executor = executors.get(topic)
+    if executor is None:  # the topic is gone: nothing can fire its jobs
         return results
     due = {int(e.job_id): e for e in entries if e.job_id.isdigit()}
     jobs = _take(due)
-    done: list[tuple[int, int]] = []
     for job in jobs:
-        entry = due[job.pk]
-        try:
-            _run_action(spec, job)
-        except Exception as exc:  # noqa: BLE001 - any failure of the action is retried
-            results[entry.job_id] = _failed(spec, job, entry.attempt, exc)
-            continue
-        done.append((job.pk, entry.attempt))
-        results[entry.job_id] = OK
-    _mark_processed(done)
+        results[str(job.pk)] = HANDED_ON
+    executor.submit(
+        slot,
+        [(job, due[job.pk].attempt) for job in jobs],
+        suspect=any(due[job.pk].suspect for job in jobs),
+    )
     return results
 
 
 def _take(due: dict[int, Claimed]) -> list[TimeoutJob]:
-    """Pending (or running: a redelivery after a worker died) rows of these entries, moved to
-    running in one ``UPDATE ... RETURNING``; rows rescheduled past their entry's due time go
-    back to pending and are not returned."""
+    """Pending (or running: a redelivery after a worker died or stalled) rows of these entries,
+    moved to running with the entry's attempt in one ``UPDATE ... RETURNING`` per attempt count
+    (nearly always one); rows rescheduled past their entry's due time go back to pending and
+    are not returned.
+
+    The attempt in the row is the fence of what fired: only the worker whose take recorded it
+    settles the row (``_settle_rows``), so a worker that stalled and resumed cannot settle a job
+    another worker took over since (that take recorded a higher attempt).
+    """
     if not due:
         return []
     fields = ["job_id", "topic", "biz_type", "biz_id", "action_time", "attribute", "slot",
-              "attempts"]  # fmt: skip
+              "attempts", "recurrence", "series_start"]  # fmt: skip
+    by_attempt: dict[int, list[int]] = defaultdict(list)
+    for pk, entry in due.items():
+        by_attempt[entry.attempt].append(pk)
+    rows = []
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {TABLE} SET status = %s, gmt_modified = %s "
-            f"WHERE job_id IN ({','.join(['%s'] * len(due))}) AND status IN (%s, %s) "
-            f"RETURNING {', '.join(fields)}",
-            [Status.RUNNING, db_time(timezone.now()), *due, Status.PENDING, Status.RUNNING],
-        )
-        rows = cursor.fetchall()
+        for attempt, job_ids in by_attempt.items():
+            cursor.execute(
+                f"UPDATE {TABLE} SET status = %s, attempts = %s, gmt_modified = %s "
+                f"WHERE job_id IN ({','.join(['%s'] * len(job_ids))}) AND status IN (%s, %s) "
+                f"RETURNING {', '.join(fields)}",
+                [Status.RUNNING, attempt, db_time(timezone.now()), *job_ids, Status.PENDING,
+                 Status.RUNNING],
+            )  # fmt: skip
+            rows += cursor.fetchall()
     jobs, moved = [], []
     for row in rows:
         values = dict(zip(fields, row, strict=True))
         values["action_time"] = aware_time(values["action_time"])
+        if values["series_start"] is not None:
+            values["series_start"] = aware_time(values["series_start"])
         if isinstance(values["attribute"], str):  # SQLite returns JSON text from raw SQL
             values["attribute"] = json.loads(values["attribute"])
         job = TimeoutJob(status=Status.RUNNING, **values)
@@ -99,40 +122,85 @@ def _take(due: dict[int, Claimed]) -> list[TimeoutJob]:
     return sorted(jobs, key=lambda job: order[job.pk])
 
 
-def _mark_processed(done: Iterable[tuple[int, int]]) -> None:
-    """(job id, attempt) pairs fired: one UPDATE per attempt count (nearly always just one).
-
-    The attempt is the engine's delivery count, so a job redelivered after a reap says so.
-    """
-    by_attempt: dict[int, list[int]] = {}
-    for pk, attempt in done:
-        by_attempt.setdefault(attempt, []).append(pk)
-    for attempt, job_ids in by_attempt.items():
-        TimeoutJob.objects.filter(pk__in=job_ids, status=Status.RUNNING).update(
-            status=Status.PROCESSED, attempts=attempt, gmt_modified=timezone.now()
+def _settle_rows(job_ids: list[int], attempt: int, **sets: Any) -> set[int]:
+    """``UPDATE ... SET <sets>`` the rows still running under ``attempt``; returns their ids."""
+    if not job_ids:
+        return set()
+    columns = ", ".join(f"{name} = %s" for name in sets)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {TABLE} SET {columns}, gmt_modified = %s "
+            f"WHERE job_id IN ({','.join(['%s'] * len(job_ids))}) AND status = %s "
+            "AND attempts = %s RETURNING job_id",
+            [*sets.values(), db_time(timezone.now()), *job_ids, Status.RUNNING, attempt],
         )
+        return {row[0] for row in cursor.fetchall()}
 
 
-def _failed(spec: TimeoutTopicSpec, job: TimeoutJob, attempt: int, exc: Exception) -> Result:
-    error = f"{exc.__class__.__name__}: {exc}"[:500]
-    dead = attempt >= spec.max_attempts
-    TimeoutJob.objects.filter(pk=job.pk, status=Status.RUNNING).update(
-        attempts=attempt,
-        last_error=error,
-        status=Status.DEAD if dead else Status.PENDING,
-        gmt_modified=timezone.now(),
+def settle_fired(spec: TimeoutTopicSpec, fired: list[Fired]) -> dict[str, int]:
+    """Settle what an executor fired, in bulk: the rows first (processed, or pending again with
+    the error, or dead past ``max_attempts``), then the engine (ack, or nack with backoff: the
+    engine's attempt count decides dead the same way), then one alert for the dead."""
+    settled: set[int] = set()
+    final: set[int] = set()  # processed or dead: a recurring job's next occurrence is due
+    by_outcome: dict[tuple[int, str | None], list[int]] = defaultdict(list)
+    for f in fired:
+        by_outcome[(f.attempt, f.error)].append(f.job.pk)
+    with transaction.atomic():
+        for (attempt, error), job_ids in by_outcome.items():
+            if error is None:
+                rows = _settle_rows(job_ids, attempt, status=Status.PROCESSED)
+                final |= rows
+            else:
+                dead = attempt >= spec.max_attempts
+                rows = _settle_rows(job_ids, attempt, last_error=error,
+                                    status=Status.DEAD if dead else Status.PENDING)  # fmt: skip
+                final |= rows if dead else set()
+            settled |= rows
+        # In the transaction that records the firing: created once, never lost.
+        timeout_jobs_next_occurrences([f.job for f in fired if f.job.pk in final])
+    stale = [f for f in fired if f.job.pk not in settled]
+    if stale:
+        slots = sorted({f.slot for f in stale})
+        logger.warning(
+            "lease lost on %s:%s; dropping the batch in hand (%d jobs taken over by another "
+            "worker)", spec.name, ",".join(map(str, slots)), len(stale),
+        )  # fmt: skip
+    fired = [f for f in fired if f.job.pk in settled]
+    ok = [f for f in fired if f.error is None]
+    failed = [f for f in fired if f.error is not None]
+    acks: dict[int, list[str]] = defaultdict(list)
+    for f in ok:
+        acks[f.slot].append(str(f.job.pk))
+    if acks:
+        queue.ack_handed_many(spec.name, acks)
+    nacks: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    for f in failed:
+        nacks[f.slot].append((str(f.job.pk), f.error))
+    now_ms = queue_epoch_ms(timezone.now())
+    for slot, items in nacks.items():
+        queue.nack_handed(spec.name, slot, items, now_ms=now_ms, max_attempts=spec.max_attempts,
+                          backoff_base_ms=spec.backoff_base_ms,
+                          backoff_cap_ms=spec.backoff_cap_ms)  # fmt: skip
+    dead = [f for f in failed if f.attempt >= spec.max_attempts]
+    if failed:
+        logger.warning(
+            "%d timeout jobs failed (%d dead)", len(failed), len(dead),
+            extra={"topic": spec.name, "jobs": [f.job.pk for f in failed[:20]],
+                   "error": failed[0].error},
+        )  # fmt: skip
+    if dead:
+        raise_alert(
+            title=f"{len(dead)} timeout jobs dead after {spec.max_attempts} attempts",
+            details={"topic": spec.name, "jobs": [f.job.pk for f in dead[:20]],
+                     "error": dead[0].error},
+        )  # fmt: skip
+    metrics.record(
+        spec.name,
+        {"delivered": len(ok), "failed": len(failed) - len(dead), "dead": len(dead)},
+        [max(0, f.fired_ms - queue_epoch_ms(f.job.action_time)) for f in ok],
     )
-    logger.warning(
-        "timeout job failed",
-        extra={
-            "topic": spec.name,
-            "job_id": job.pk,
-            "attempt": attempt,
-            "error": error,
-            "dead": dead,
-        },
-    )
-    return Dead(error) if dead else Retry(error)
+    return {"acked": len(ok), "retried": len(failed) - len(dead), "dead": len(dead)}
 
 
 def job_payload(job: TimeoutJob) -> dict[str, Any]:
@@ -146,21 +214,39 @@ def job_payload(job: TimeoutJob) -> dict[str, Any]:
     }
 
 
-def _run_action(spec: TimeoutTopicSpec, job: TimeoutJob) -> None:
+def fire_jobs(
+    spec: TimeoutTopicSpec, jobs: list[TimeoutJob], session: requests.Session | None
+) -> dict[int, str | None]:
+    """Fire ``jobs`` by the topic's type; returns the error of each job that failed.
+
+    - ``log``: one log line per job;
+    - ``callable``: ``path(jobs)`` once; it may return ``{job_id: error}`` for jobs that failed
+      (raising fails the whole batch);
+    - ``celery``: one task for the batch, called with ``jobs=[payload, ...]``;
+    - ``http``: a signed POST per job (the body is the job's payload), on the executor's session.
+    """
     if spec.type == "log":
-        logger.info("timeout fired", extra=job_payload(job))
-    elif spec.type == "callable":
-        import_string(spec.path)(job)
-    elif spec.type == "celery":
+        for job in jobs:
+            logger.info("timeout fired", extra=job_payload(job))
+        return {}
+    if spec.type == "callable":
+        answer = import_string(spec.path)(jobs) or {}
+        return {int(job_id): str(error)[:500] for job_id, error in answer.items() if error}
+    if spec.type == "celery":
         # A signature of a task this process knows honours task_always_eager; send_task never does.
-        current_app.signature(spec.task, kwargs={"job": job_payload(job)}).apply_async()
-    elif spec.type == "http":
-        _post_signed(spec, job)
-
-
-def _post_signed(spec: TimeoutTopicSpec, job: TimeoutJob) -> None:
-    body = json.dumps(job_payload(job), sort_keys=True).encode()
-    post_signed(spec.url, body, secret=spec.secret, idempotency_key=f"{job.topic}:{job.pk}")
+        payloads = [job_payload(job) for job in jobs]
+        current_app.signature(spec.task, kwargs={"jobs": payloads}).apply_async()
+        return {}
+    errors: dict[int, str | None] = {}
+    for job in jobs:
+        body = json.dumps(job_payload(job), sort_keys=True).encode()
+        try:
+            post_signed(spec.url, body, secret=spec.secret, session=session,
+                        idempotency_key=f"{job.topic}:{job.pk}",
+                        timeout_s=spec.timeout_ms / 1000, allow_http=spec.allow_http)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - any failure of the call is retried
+            errors[job.pk] = f"{exc.__class__.__name__}: {exc}"[:500]
+    return errors
 
 
 def timeout_jobs_dead(topic: str, job_ids: list[str]) -> int:

@@ -1,50 +1,135 @@
 """The worker's composition of topics: every topic with its handler, and the live configuration
-the dispatcher asks for every tick."""
+the dispatcher asks for every tick.
+
+Generic topics come from their specs (``TimeoutTopic`` rows and ``settings.TIMEOUT_TOPICS``),
+read again while the worker runs (``GenericTopics.refresh``): a topic added in the admin starts
+firing, a paused one stops claiming, a changed one gets a new executor, a new slot count a new
+layout (the engine serves the old one until it drains, so nothing is lost).
+"""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from functools import partial
 
 from django.conf import settings
 
+from reminders.engine import rates
 from reminders.engine import topics as engine_topics
-from reminders.engine.topics import EngineSettings, Topic
+from reminders.engine.dispatcher import wall_ms
+from reminders.engine.topics import EngineSettings, Topic, TopicSettings
 from reminders.handlers.coupon_reminders import reminder_topics
-from reminders.handlers.timeout_jobs import timeout_jobs_dead, timeout_jobs_handle
+from reminders.handlers.executors import TopicExecutors
+from reminders.handlers.timeout_jobs import (
+    fire_jobs,
+    settle_fired,
+    timeout_jobs_dead,
+    timeout_jobs_handle,
+)
 from reminders.members import REMINDER_TOPICS
 from reminders.selectors import reminder_settings_get
-from reminders.selectors.topics import timeout_topic_specs
+from reminders.selectors.topics import TimeoutTopicSpec, timeout_topic_specs
+
+logger = logging.getLogger(__name__)
 
 
-def register_all() -> list[Topic]:
-    """Register every topic with the engine (idempotent)."""
-    topics = []
-    for spec in timeout_topic_specs().values():
-        topics.append(
-            engine_topics.register_topic(
+class GenericTopics:
+    """Keeps the engine's registry and this process's executors in step with the specs."""
+
+    def __init__(self, *, inline: bool, names: set[str] | None = None) -> None:
+        self.names = names
+        self.executors = TopicExecutors(fire=fire_jobs, settle=settle_fired, inline=inline)
+        self._specs: dict[str, TimeoutTopicSpec] = {}
+        self._topics: dict[str, Topic] = {}
+
+    def refresh(self) -> list[Topic]:
+        specs = {
+            name: spec
+            for name, spec in timeout_topic_specs().items()
+            if self.names is None or name in self.names
+        }
+        if specs != self._specs:
+            self._apply(specs)
+        return list(self._topics.values())
+
+    def _apply(self, specs: dict[str, TimeoutTopicSpec]) -> None:
+        for name in set(self._topics) - set(specs):
+            engine_topics.unregister_topic(name)
+            del self._topics[name]
+            logger.info("timeout topic %s removed", name)
+        self.executors.sync(specs)
+        for name, spec in specs.items():
+            if self._specs.get(name) == spec:
+                continue
+            executor = self.executors.get(name)
+            assert executor is not None
+            self._topics[name] = engine_topics.register_topic(
                 Topic(
-                    name=spec.name,
-                    handler=partial(timeout_jobs_handle, spec.name),
-                    on_dead=partial(timeout_jobs_dead, spec.name),
+                    name=name,
+                    handler=partial(timeout_jobs_handle, name, executors=self.executors),
+                    pass_slot=True,
+                    on_dead=partial(timeout_jobs_dead, name),
                     slots=spec.slots,
                     max_attempts=spec.max_attempts,
                     visibility_ms=spec.visibility_ms,
                     backoff_base_ms=spec.backoff_base_ms,
                     backoff_cap_ms=spec.backoff_cap_ms,
+                    batch_size=executor.batch_size,
                 )
             )
-        )
-    topics += [engine_topics.register_topic(topic) for topic in reminder_topics()]
-    return topics
+            logger.info("timeout topic %s %s", name, "changed" if name in self._specs else "ready")
+        self._specs = specs
+
+    def settings(self) -> dict[str, TopicSettings]:
+        return {
+            name: replace(topic.defaults(), paused=self._specs[name].paused)
+            for name, topic in self._topics.items()
+        }
+
+    def spec(self, topic: str) -> TimeoutTopicSpec | None:
+        return self._specs.get(topic)
 
 
-def engine_settings() -> EngineSettings:
+class ClaimBudget:
+    """Caps each claim of a generic topic by its executor's room and its rate limit (a token
+    bucket in Redis, shared by every worker); the reminder topics are not capped here."""
+
+    def __init__(self, generic: GenericTopics) -> None:
+        self.generic = generic
+
+    def take(self, topic: Topic, want: int) -> int:
+        spec = self.generic.spec(topic.name)
+        executor = self.generic.executors.get(topic.name)
+        if spec is None or executor is None:
+            return want
+        want = min(want, executor.room())
+        if want <= 0 or not spec.rate_limit_per_s:
+            return want
+        return rates.take(topic.name, spec.rate_limit_per_s, want, now_ms=wall_ms())
+
+    def give_back(self, topic: Topic, unused: int) -> None:
+        spec = self.generic.spec(topic.name)
+        if spec is not None and spec.rate_limit_per_s and unused > 0:
+            rates.give_back(topic.name, spec.rate_limit_per_s, unused, now_ms=wall_ms())
+
+
+def builtin_topics(names: set[str] | None = None) -> list[Topic]:
+    """The reminder topics, registered with the engine."""
+    topics = [engine_topics.register_topic(topic) for topic in reminder_topics()]
+    return [t for t in topics if names is None or t.name in names]
+
+
+def engine_settings(generic: GenericTopics | None = None) -> EngineSettings:
     """One snapshot of the live configuration, read every tick by the workers."""
     live = reminder_settings_get()
+    topics: dict[str, TopicSettings] = dict.fromkeys(REMINDER_TOPICS, live.topic_settings())
+    if generic is not None:
+        topics.update(generic.settings())
     return EngineSettings(
         tick_ms=live.tick_interval_ms,
         paused=False,
         lease_ms=settings.WORKER_LEASE_MS,
-        topics=dict.fromkeys(REMINDER_TOPICS, live.topic_settings()),
+        topics=topics,
         version=live.version,
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
+from functools import partial
 
 from celery import current_app
 from django.conf import settings
@@ -29,7 +30,12 @@ from reminders.engine.dispatcher import Dispatcher
 from reminders.engine.topics import Topic
 from reminders.handlers.coupon_reminders import delivery_queue_depth
 from reminders.members import REMINDER_TOPICS
-from reminders.runtime.topics import engine_settings, register_all
+from reminders.runtime.topics import (
+    ClaimBudget,
+    GenericTopics,
+    builtin_topics,
+    engine_settings,
+)
 from reminders.selectors import reminder_settings_get
 from reminders.services.orphans import queues_prune_orphans
 
@@ -101,24 +107,32 @@ def _on_error(exc: BaseException) -> None:
     close_old_connections()
 
 
-def build_worker(topic_names: list[str] | None = None) -> Dispatcher:
+def build_worker(topic_names: list[str] | None = None, *, threaded: bool = False) -> Dispatcher:
+    """The dispatch loop of this process. ``threaded``: generic topics fire in their executors'
+    threads (``run_reminder_worker``); otherwise inline, in the loop's thread (``--once``, the
+    tests): the same firing and settling code, finished when the tick returns."""
     # Import the apps' Celery tasks as a Celery worker does: a ``celery`` topic then calls its
     # task by signature, which honours task_always_eager (a task known by name only never does).
     current_app.autodiscover_tasks(force=True)
-    topics = register_all()
-    if topic_names:
-        known = {t.name for t in topics}
-        unknown = set(topic_names) - known
-        if unknown:
-            raise ValueError(f"unknown topics {sorted(unknown)}; known: {sorted(known)}")
-        topics = [t for t in topics if t.name in topic_names]
+    names = set(topic_names) if topic_names else None
+    generic = GenericTopics(inline=not threaded, names=names)
+    builtin = builtin_topics(names)
+    known = {t.name for t in generic.refresh() + builtin}
+    if names and names - known:
+        generic.executors.close()
+        raise ValueError(f"unknown topics {sorted(names - known)}; known: {sorted(known)}")
+    backpressure = DeliveryBackpressure()
     return Dispatcher(
-        topics,
-        config=engine_settings,
+        lambda: generic.refresh() + builtin,
+        config=partial(engine_settings, generic),
         version=__version__,
         on_error=_on_error,
         housekeeping=[Reconciler()],
-        may_claim=DeliveryBackpressure(),
+        may_claim=backpressure,
+        budget=ClaimBudget(generic),
+        on_shutdown=[generic.executors.close],
+        handed_counts=generic.executors.counts,
+        load=generic.executors.load,
         # Heartbeat, leases and reaping five times per lease period, not on every tick of a
         # loop that wakes for each due second.
         maintenance_every_ms=max(settings.WORKER_LEASE_MS // 5, 50),

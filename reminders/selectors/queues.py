@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 
+from couponcenter.core.webhooks import origin
 from reminders import metrics
-from reminders.engine import leases, queue
+from reminders.engine import leases, queue, rates
 from reminders.engine.queue import SlotStats
 from reminders.members import REMINDER_TOPICS
 from reminders.models import ReminderSettings
@@ -116,8 +117,10 @@ def backlog_as_dict(data: Backlog) -> dict:
 
 
 def throughput(*, minutes: int = CHART_MINUTES, now: float | None = None) -> dict[str, list[dict]]:
-    """Per reminder topic, per minute (oldest first): counts and lateness p50/p99."""
-    return {topic: metrics.series(topic, minutes=minutes, now=now) for topic in REMINDER_TOPICS}
+    """Per topic (the reminders', then the generic ones), per minute (oldest first): counts and
+    lateness p50/p99."""
+    names = [*REMINDER_TOPICS, *timeout_topic_specs()]
+    return {topic: metrics.series(topic, minutes=minutes, now=now) for topic in names}
 
 
 def recent_p99_ms(series: dict[str, list[dict]], *, minutes: int = RECENT_MINUTES) -> int | None:
@@ -185,3 +188,69 @@ def _ranges(slots: list[int]) -> str:
     if start is not None:
         out.append(f"{start}-{prev}" if prev != start else f"{start}")
     return ", ".join(out)
+
+
+# --- generic timeout topics ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimeoutTopicRow:
+    """One generic topic as the console shows it."""
+
+    name: str
+    type: str
+    target: str  # scheme and host only
+    paused: bool
+    read_only: bool
+    backlog: TopicBacklog | None
+    lateness_p50_ms: int | None  # the last RECENT_MINUTES minutes
+    lateness_p99_ms: int | None
+    hour: dict[str, int]  # delivered, failed, dead in the last hour
+    rate_limit_per_s: int
+    tokens: float | None  # in the bucket now (None: no limit, or not used yet)
+    throttled: int  # claims cut short by the limit, since the bucket was made
+    in_flight: int  # over the live workers' executors
+    capacity: int
+
+    @property
+    def saturation_pct(self) -> int:
+        return round(100 * self.in_flight / self.capacity) if self.capacity else 0
+
+
+def timeout_topic_rows(
+    *, data: Backlog, series: dict[str, list[dict]], at_ms: int | None = None
+) -> list[TimeoutTopicRow]:
+    """Every generic topic: backlog, lateness, the hour's counts, rate-limit state and how full
+    the workers' executors are (from their heartbeats)."""
+    at_ms = now_ms() if at_ms is None else at_ms
+    backlogs = {t.topic: t for t in data.topics}
+    load: dict[str, list[int]] = {}
+    for w in leases.list_workers():
+        if at_ms - w.heartbeat_ms > settings.WORKER_LEASE_MS:
+            continue
+        for topic, (in_flight, capacity) in (w.load or {}).items():
+            total = load.setdefault(topic, [0, 0])
+            total[0] += in_flight
+            total[1] += capacity
+    rows = []
+    for name, spec in timeout_topic_specs().items():
+        recent = [r for r in series.get(name, [])[-RECENT_MINUTES:]]
+        p50 = [r["lateness_p50_ms"] for r in recent if r["lateness_p50_ms"] is not None]
+        p99 = [r["lateness_p99_ms"] for r in recent if r["lateness_p99_ms"] is not None]
+        hour = {n: sum(r[n] for r in series.get(name, [])) for n in ("delivered", "failed",
+                                                                      "dead")}  # fmt: skip
+        bucket = rates.state(name) if spec.rate_limit_per_s else None
+        in_flight, capacity = load.get(name, [0, 0])
+        rows.append(
+            TimeoutTopicRow(
+                name=name, type=spec.type, target=origin(spec.url) if spec.url else spec.target,
+                paused=spec.paused, read_only=spec.read_only, backlog=backlogs.get(name),
+                lateness_p50_ms=max(p50) if p50 else None,
+                lateness_p99_ms=max(p99) if p99 else None, hour=hour,
+                rate_limit_per_s=spec.rate_limit_per_s,
+                tokens=bucket.tokens if bucket else None,
+                throttled=bucket.throttled if bucket else 0,
+                in_flight=in_flight, capacity=capacity,
+            )
+        )  # fmt: skip
+    return rows

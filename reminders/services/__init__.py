@@ -20,10 +20,12 @@ from .timeouts import (
     timeout_jobs_bulk_create,
     timeout_jobs_reindex,
 )
+from .topics import TopicInUse, timeout_topic_delete, timeout_topic_save
 
 __all__ = [
     "SubscribeRefused",
     "TimeoutJobConflict",
+    "TopicInUse",
     "queues_pending_counts",
     "reminder_settings_save",
     "queues_rebuild",
@@ -33,6 +35,8 @@ __all__ = [
     "subscriptions_drop_for_coupon",
     "subscriptions_reindex",
     "subscriptions_reschedule_for_coupon",
+    "timeout_topic_delete",
+    "timeout_topic_save",
     "timeout_job_cancel",
     "timeout_job_create",
     "timeout_job_ensure",

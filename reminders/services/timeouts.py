@@ -12,6 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -21,12 +22,15 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from couponcenter.core.errors import BusinessError
+from reminders import recurrence
 from reminders.engine import queue
 from reminders.engine.keys import slot_for
 from reminders.models import TimeoutJob
 from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
+from reminders.topic_specs import slot_basis
 
 REINDEX_CHUNK = 5000
+logger = logging.getLogger(__name__)
 
 
 class TimeoutJobConflict(BusinessError):
@@ -37,6 +41,14 @@ class TimeoutJobConflict(BusinessError):
 BULK_MAX = 10_000
 BULK_CHUNK = 2000
 Status = TimeoutJob.Status
+
+
+def _check_recurrence(rule: str) -> None:
+    if rule:
+        try:
+            recurrence.check(rule)
+        except ValueError as exc:
+            raise ValidationError({"recurrence": [f"Invalid: {exc}."]}) from None
 
 
 def _spec_or_error(topic: str):
@@ -53,17 +65,22 @@ def timeout_job_create(
     biz_id: str,
     action_time: datetime,
     attribute: dict[str, Any] | None = None,
+    recurrence: str = "",
 ) -> TimeoutJob:
     """Create a pending job and schedule it once the row commits; ``TimeoutJobConflict`` when one
-    is pending for the same (topic, biz_type, biz_id)."""
+    is pending for the same (topic, biz_type, biz_id). ``recurrence``: an RRULE or a cron
+    expression (``reminders.recurrence``): the series starts at ``action_time``."""
     spec = _spec_or_error(topic)
+    _check_recurrence(recurrence)
     job = TimeoutJob(
         topic=topic,
         biz_type=biz_type,
         biz_id=biz_id,
         action_time=action_time,
         attribute=attribute or {},
-        slot=slot_for(biz_id, spec.slots),
+        recurrence=recurrence,
+        series_start=action_time if recurrence else None,
+        slot=slot_for(slot_basis(spec, biz_type, biz_id, attribute), spec.slots),
     )
     try:
         with transaction.atomic():
@@ -95,6 +112,7 @@ def timeout_job_ensure(
     biz_id: str,
     action_time: datetime,
     attribute: dict[str, Any] | None = None,
+    recurrence: str = "",
 ) -> tuple[TimeoutJob, bool]:
     """The idempotent create: ``(job, True)`` for a new one, or ``(the pending job, False)``
     when (topic, biz_type, biz_id) has one already (left as it is: a retried request must not
@@ -102,7 +120,8 @@ def timeout_job_ensure(
     for _ in range(3):  # the pending job fired or was cancelled in between: try again
         try:
             job = timeout_job_create(topic=topic, biz_type=biz_type, biz_id=biz_id,
-                                     action_time=action_time, attribute=attribute)  # fmt: skip
+                                     action_time=action_time, attribute=attribute,
+                                     recurrence=recurrence)  # fmt: skip
             return job, True
         except TimeoutJobConflict:
             existing = timeout_job_pending_by_key(topic=topic, biz_type=biz_type, biz_id=biz_id)
@@ -136,13 +155,20 @@ def timeout_jobs_bulk_create(jobs: list[dict[str, Any]]) -> list[tuple[TimeoutJo
             seen.add(key)
         raise ValidationError({"jobs": [f"Repeated business keys: {', '.join(dupes[:5])}."]})
     specs = {topic: _spec_or_error(topic) for topic in {k[0] for k in keys}}
+    for rule in {j.get("recurrence") or "" for j in jobs}:
+        _check_recurrence(rule)
     with transaction.atomic():
         existing = _pending_by_keys(keys)
         new = [
             TimeoutJob(
                 topic=j["topic"], biz_type=j["biz_type"], biz_id=j["biz_id"],
                 action_time=j["action_time"], attribute=j.get("attribute") or {},
-                slot=slot_for(j["biz_id"], specs[j["topic"]].slots),
+                recurrence=j.get("recurrence") or "",
+                series_start=j["action_time"] if j.get("recurrence") else None,
+                slot=slot_for(
+                    slot_basis(specs[j["topic"]], j["biz_type"], j["biz_id"], j.get("attribute")),
+                    specs[j["topic"]].slots,
+                ),
             )
             for j, key in zip(jobs, keys, strict=True)
             if key not in existing
@@ -252,3 +278,40 @@ def timeout_jobs_reindex(
         last_pk = chunk[-1][0]
         if progress is not None:
             progress(len(chunk))
+
+
+def timeout_jobs_next_occurrences(fired: list[TimeoutJob]) -> list[TimeoutJob]:
+    """The next occurrence of each recurring job in ``fired`` (just settled: processed or dead),
+    created pending in the caller's transaction and indexed once it commits. A series whose rule
+    has no later time ends; a key that has a pending job already (created through the API
+    meanwhile) keeps that one and the series ends there, logged."""
+    made = []
+    specs = timeout_topic_specs()
+    for job in fired:
+        spec = specs.get(job.topic)
+        if not job.recurrence or spec is None:
+            continue
+        try:
+            at = recurrence.next_after(job.recurrence, job.series_start or job.action_time,
+                                       job.action_time)  # fmt: skip
+        except ValueError:
+            logger.exception("job %s: its recurrence no longer parses; the series ends", job.pk)
+            continue
+        if at is None:
+            continue
+        successor = TimeoutJob(
+            topic=job.topic, biz_type=job.biz_type, biz_id=job.biz_id, action_time=at,
+            attribute=job.attribute, recurrence=job.recurrence,
+            series_start=job.series_start or job.action_time,
+            slot=slot_for(slot_basis(spec, job.biz_type, job.biz_id, job.attribute), spec.slots),
+        )  # fmt: skip
+        try:
+            with transaction.atomic():
+                successor.save()
+        except IntegrityError:
+            logger.warning("job %s: a pending job holds its key; the series ends there", job.pk)
+            continue
+        made.append(successor)
+    if made:
+        _index_on_commit(made, specs)
+    return made

@@ -112,7 +112,8 @@ def test_worker_paused_past_its_lease_is_fenced_off(stack, reminder_settings, se
     finally:
         os.killpg(frozen.popen.pid, signal.SIGCONT)
 
-    # Resumed: its action finishes, but the ack carries a stale fencing token and is refused.
+    # Resumed: its action finishes, but the other worker's take recorded a higher attempt in the
+    # row, so the stale settlement moves nothing, in the database or in Redis.
     fenced = rf"lease lost on {re.escape(FENCE_TOPIC)}:0; dropping the batch in hand"
     wait_for(lambda: _log_lines(frozen, fenced), timeout=30, what=f"LeaseLost\n{frozen.output()}")
     wait_for(lambda: _owned(frozen).get("coupon.reminder"), timeout=30, what="the rebalance")

@@ -34,16 +34,22 @@ CALLS: list[int] = []  # job ids the ``record_call`` action saw, in order
 CANCELS: list[str] = []  # what cancelling a sibling from inside an action answered
 
 
-def record_call(job: TimeoutJob) -> None:
-    """A ``callable`` topic action: remember the job; cancel its sibling when asked to."""
-    CALLS.append(job.pk)
-    sibling = job.attribute.get("cancel_job")
-    if sibling:
-        try:
-            timeout_job_cancel(job=TimeoutJob.objects.get(pk=sibling))
-            CANCELS.append("cancelled")
-        except BusinessError as refused:
-            CANCELS.append(refused.code)
+def record_call(jobs: list[TimeoutJob]) -> dict[int, str]:
+    """A ``callable`` topic action (called with the batch): remember each job; cancel a
+    sibling when asked to; fail the jobs whose attribute says so."""
+    failed = {}
+    for job in jobs:
+        CALLS.append(job.pk)
+        if job.attribute.get("fail"):
+            failed[job.pk] = "told to fail"
+        sibling = job.attribute.get("cancel_job")
+        if sibling:
+            try:
+                timeout_job_cancel(job=TimeoutJob.objects.get(pk=sibling))
+                CANCELS.append("cancelled")
+            except BusinessError as refused:
+                CANCELS.append(refused.code)
+    return failed
 
 
 # --- fixtures ----------------------------------------------------------------------------------
@@ -183,6 +189,7 @@ def test_callable_topic_runs_the_function_once_per_job(topics, make_job, calls):
     jobs = [make_job("t.call") for _ in range(5)]
     assert drain("t.call").acked == 5
     assert sorted(calls) == sorted(j.pk for j in jobs)
+    assert all(in_redis(j) == {} for j in jobs)
     assert {status(j) for j in jobs} == {TimeoutJob.Status.PROCESSED}
 
 
@@ -191,6 +198,7 @@ def test_celery_topic_runs_the_task(topics, make_job, eager_celery, caplog):
     job = make_job("order.close", biz_id="O-77", attribute={"total": 10})
     with caplog.at_level("INFO", logger="reminders.tasks"):
         assert drain("order.close").acked == 1
+    assert in_redis(job) == {}
     fired = [r.job for r in caplog.records if r.getMessage() == "order.close fired"]
     assert len(fired) == 1
     assert (fired[0]["job_id"], fired[0]["biz_id"], fired[0]["attribute"]) == (
@@ -243,6 +251,7 @@ def test_http_topic_posts_a_signed_body(topics, make_job, webhook, settings):
     _http_topic(topics, webhook)
     job = make_job("t.http", biz_id="H-1", attribute={"amount": 5})
     assert drain("t.http").acked == 1
+    assert in_redis(job) == {}
     assert len(webhook.requests) == 1
     headers, body = webhook.requests[0]
     signed = headers["X-Coupon-Center-Timestamp"].encode() + b"." + body

@@ -39,7 +39,7 @@ TOPICS = {
 SLEEP_ENV = "CC_TEST_ACTION_SLEEP_S"
 
 
-def sleepy_action(job: TimeoutJob) -> None:
+def sleepy_action(jobs: list[TimeoutJob]) -> None:
     """Runs inside the worker process: hangs when told to (to be killed mid-batch)."""
     time.sleep(float(os.environ.get(SLEEP_ENV, "0")))
 

@@ -20,9 +20,9 @@ def record_metric(topic: str, n: int) -> None:
     metrics.record(topic, {"delivered": n}, [5.0] * n)
 
 
-def sleepy_action(job) -> None:
+def sleepy_action(jobs) -> None:
     """A ``callable`` timeout action that takes a while (runs inside run_reminder_worker)."""
     import os
 
-    print(f"sleepy action {job.pk}", flush=True)
+    print(f"sleepy action {' '.join(str(job.pk) for job in jobs)}", flush=True)
     time.sleep(float(os.environ.get("CC_LIFECYCLE_SLEEP_S", "0")))

@@ -17,7 +17,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, once: bool, topics: list[str] | None, **options):
         try:
-            worker = build_worker(topics)
+            worker = build_worker(topics, threaded=not once)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         if once:

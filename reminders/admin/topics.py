@@ -1,0 +1,79 @@
+"""Generic timeout topics as data: created and changed through ``services.timeout_topic_save``
+(the model's bounds, then the workers pick the change up while they run)."""
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+
+from couponcenter.core.errors import BusinessError
+from reminders.models import TimeoutTopic
+from reminders.services import timeout_topic_delete, timeout_topic_save
+
+
+class TimeoutTopicForm(forms.ModelForm):
+    secret = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="http: the signing key, at least 32 bytes. Left empty on a change: kept.",
+    )
+
+    class Meta:
+        model = TimeoutTopic
+        fields = ["name", "type", "target", "secret", "allow_http", "paused", "owner_user",
+                  "owner_group", "concurrency", "timeout_ms", "rate_limit_per_s", "fair_key",
+                  "slots", "max_attempts", "backoff_base_ms", "backoff_cap_ms",
+                  "visibility_ms"]  # fmt: skip
+
+    def clean_secret(self):
+        secret = self.cleaned_data.get("secret") or ""
+        return secret or (self.instance.secret if self.instance.pk else "")
+
+
+@admin.register(TimeoutTopic)
+class TimeoutTopicAdmin(admin.ModelAdmin):
+    form = TimeoutTopicForm
+    list_display = ["name", "type", "target", "slots", "concurrency", "timeout_ms",
+                    "rate_limit_per_s", "fair_key", "paused", "owner_user",
+                    "owner_group"]  # fmt: skip
+    list_filter = ["type", "paused"]
+    search_fields = ["name"]
+    actions = ["pause", "resume"]
+    fieldsets = [
+        (None, {"fields": ["name", "type", "target", "secret", "allow_http", "paused"]}),
+        ("Who may use it", {"fields": ["owner_user", "owner_group"]}),
+        ("Firing", {"fields": ["concurrency", "timeout_ms", "rate_limit_per_s", "fair_key"]}),
+        ("Engine", {"fields": ["slots", "max_attempts", "backoff_base_ms", "backoff_cap_ms",
+                               "visibility_ms"]}),
+    ]  # fmt: skip
+    raw_id_fields = ["owner_user"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["name"] if obj is not None else []  # its jobs carry the name
+
+    def save_model(self, request, obj, form, change):
+        try:
+            timeout_topic_save(topic=obj)
+        except ValidationError as exc:  # the form ran the same checks: a race at most
+            self.message_user(request, f"Not saved: {exc}", messages.ERROR)
+
+    def delete_model(self, request, obj):
+        try:
+            timeout_topic_delete(topic=obj)
+        except BusinessError as refused:
+            self.message_user(request, f"Not deleted: {refused.message}", messages.ERROR)
+
+    def delete_queryset(self, request, queryset):
+        for topic in queryset:
+            self.delete_model(request, topic)
+
+    @admin.action(description="Pause the selected topics")
+    def pause(self, request, queryset):
+        for topic in queryset:
+            timeout_topic_save(topic=topic, paused=True)
+        self.message_user(request, f"{queryset.count()} topics paused.")
+
+    @admin.action(description="Resume the selected topics")
+    def resume(self, request, queryset):
+        for topic in queryset:
+            timeout_topic_save(topic=topic, paused=False)
+        self.message_user(request, f"{queryset.count()} topics resumed.")

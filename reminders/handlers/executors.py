@@ -1,0 +1,311 @@
+"""Firing generic timeout jobs off the dispatch loop: one executor per topic per worker.
+
+The dispatch loop only claims, takes the rows (one ``UPDATE ... RETURNING``) and hands the jobs
+to their topic's executor; it never waits for a receiver. An executor fires with its topic's own
+concurrency and timeout:
+
+- ``http``: one job per call, on one pooled keep-alive session (``concurrency`` connections);
+- ``celery``: one task per batch; ``callable``: called with the batch; ``log``: logs it.
+
+A single settler thread per executor gathers what fired and settles it in bulk
+(``timeout_jobs.settle_fired``: rows first, then ack or nack in the engine). A slow or dead
+receiver fills only its own topic's executor: ``room()`` goes to 0 and the dispatcher stops
+claiming that topic (its jobs wait in Redis) while every other topic, and the reminders, go on.
+The slot leases are renewed by the loop, which nothing here blocks.
+
+``inline=True`` (the ``--once`` drain and the tests) fires and settles in the caller's thread,
+through the same code.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as stdlib_queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from django.db import close_old_connections
+
+from couponcenter.core.webhooks import guarded_session
+from reminders.models import TimeoutJob
+from reminders.selectors.topics import TimeoutTopicSpec
+
+logger = logging.getLogger(__name__)
+# Waiting work per unit of concurrency: enough to keep every call busy, little enough that a
+# job's wait stays well inside its visibility timeout (selectors.topics.VISIBILITY_CALLS).
+QUEUE_DEPTH = 2
+BATCH_JOBS = 500  # jobs per celery task or callable call
+SETTLE_MAX = 5000  # fired jobs settled per round of the settler
+
+
+@dataclass(frozen=True, slots=True)
+class Fired:
+    slot: int
+    job: TimeoutJob
+    attempt: int
+    error: str | None  # None: the action succeeded
+    fired_ms: int
+
+
+FireBatch = Callable[[TimeoutTopicSpec, list[TimeoutJob], object], dict[int, str | None]]
+# Settles what fired; returns how many were acked, retried and went dead.
+Settle = Callable[[TimeoutTopicSpec, list[Fired]], dict[str, int]]
+
+
+class TopicExecutor:
+    def __init__(
+        self,
+        spec: TimeoutTopicSpec,
+        *,
+        fire: FireBatch,
+        settle: Settle,
+        inline: bool = False,
+        quarantine: Quarantine | None = None,
+    ) -> None:
+        self.spec = spec
+        self.quarantine = quarantine or Quarantine()
+        self.inline = inline
+        self._fire = fire
+        self._settle = settle
+        per_call = 1 if spec.type == "http" else BATCH_JOBS
+        self.batch_size = spec.concurrency * per_call
+        self.capacity = QUEUE_DEPTH * self.batch_size
+        self._session = guarded_session(pool_size=spec.concurrency) if spec.type == "http" else None
+        self._lock = threading.Condition()
+        self._in_flight = 0
+        self.counts = {"acked": 0, "retried": 0, "dead": 0}
+        self._fired: stdlib_queue.SimpleQueue[Fired | None] = stdlib_queue.SimpleQueue()
+        self._pool: ThreadPoolExecutor | None = None
+        self._settler: threading.Thread | None = None
+        if not inline:
+            self._pool = ThreadPoolExecutor(
+                spec.concurrency, thread_name_prefix=f"fire-{spec.name}"
+            )
+            self._settler = threading.Thread(
+                target=self._settle_loop, name=f"settle-{spec.name}", daemon=True
+            )
+            self._settler.start()
+
+    # --- what the dispatch loop asks ----------------------------------------------------------
+
+    def room(self) -> int:
+        """How many more jobs may be handed on now (0: claim nothing of this topic)."""
+        if self.quarantine.active:
+            return 0
+        with self._lock:
+            return max(0, self.capacity - self._in_flight)
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    def saturation(self) -> float:
+        return self.in_flight / self.capacity
+
+    def submit(
+        self, slot: int, jobs: list[tuple[TimeoutJob, int]], *, suspect: bool = False
+    ) -> None:
+        """Fire ``(job, attempt)`` pairs taken from ``slot``; their results settle later.
+
+        ``suspect``: the job came back because the process firing it died (a poison pill may
+        kill its worker). It fires in quarantine: once nothing else of this process is in
+        flight, and with no new work taken until it settled, so a pill takes nobody with it.
+        """
+        if not jobs:
+            return
+        with self._lock:
+            self._in_flight += len(jobs)
+        if self.inline:
+            fired = self._run(slot, jobs)
+            self._settle_safely(fired)
+            return
+        assert self._pool is not None
+        if suspect:
+            self.quarantine.enter()
+            self._pool.submit(self._fire_quarantined, slot, jobs)
+            return
+        calls = [[pair] for pair in jobs] if self.spec.type == "http" else _chunks(jobs)
+        for chunk in calls:
+            self._pool.submit(self._fire_to_settler, slot, chunk)
+
+    # --- firing ---------------------------------------------------------------------------------
+
+    def _run(self, slot: int, jobs: list[tuple[TimeoutJob, int]]) -> list[Fired]:
+        from reminders.engine.dispatcher import wall_ms
+
+        try:
+            errors = self._fire(self.spec, [job for job, _ in jobs], self._session)
+        except Exception as exc:  # noqa: BLE001 - a failed call fails its jobs, retried
+            error = f"{exc.__class__.__name__}: {exc}"[:500]
+            errors = {job.pk: error for job, _ in jobs}
+        now = wall_ms()
+        return [Fired(slot, job, attempt, errors.get(job.pk), now) for job, attempt in jobs]
+
+    def _fire_to_settler(self, slot: int, jobs: list[tuple[TimeoutJob, int]]) -> None:
+        try:
+            for fired in self._run(slot, jobs):
+                self._fired.put(fired)
+        finally:
+            close_old_connections()  # a callable may have used the database
+
+    def _fire_quarantined(self, slot: int, jobs: list[tuple[TimeoutJob, int]]) -> None:
+        try:
+            self.quarantine.wait_for_others(self, len(jobs))
+            fired = self._run(slot, jobs)
+            self._settle_safely(fired)
+        finally:
+            self.quarantine.leave()
+            close_old_connections()
+
+    # --- settling -------------------------------------------------------------------------------
+
+    def _settle_loop(self) -> None:
+        while True:
+            first = self._fired.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < SETTLE_MAX:
+                try:
+                    item = self._fired.get_nowait()
+                except stdlib_queue.Empty:
+                    break
+                if item is None:
+                    self._settle_safely(batch)
+                    return
+                batch.append(item)
+            self._settle_safely(batch)
+
+    def _settle_safely(self, fired: list[Fired]) -> None:
+        try:
+            counts = self._settle(self.spec, fired)
+            with self._lock:
+                for name, n in counts.items():
+                    self.counts[name] = self.counts.get(name, 0) + n
+        except Exception:  # the entries stay in flight and are reaped and retried: not lost
+            logger.exception("settling %d jobs of %s failed", len(fired), self.spec.name)
+            close_old_connections()
+        finally:
+            with self._lock:
+                self._in_flight -= len(fired)
+                self._lock.notify_all()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until nothing is in flight (True) or ``timeout_s`` passed (False)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
+
+    def close(self, *, wait: bool = True) -> None:
+        """Stop taking work; with ``wait``, finish and settle what was handed on first (what is
+        left unsettled is reaped after its visibility timeout and fired again: not lost)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=wait)
+        if self._settler is not None:
+            if wait:
+                self.wait_idle(self.spec.timeout_ms / 1000 * QUEUE_DEPTH + 5)
+            self._fired.put(None)
+            if wait:
+                self._settler.join(timeout=5)
+        if self._session is not None:
+            self._session.close()
+
+
+class Quarantine:
+    """Process-wide: while a suspect fires, every executor of the process takes no new work,
+    and the suspect waits until what the others had in flight has settled."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self.executors: list[TopicExecutor] = []
+
+    @property
+    def active(self) -> bool:
+        return self._count > 0
+
+    def enter(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._count -= 1
+
+    def wait_for_others(self, own: TopicExecutor, own_jobs: int, timeout_s: float = 60) -> None:
+        for executor in list(self.executors):
+            if executor is own:
+                with own._lock:
+                    own._lock.wait_for(lambda: own._in_flight <= own_jobs, timeout=timeout_s)
+            else:
+                executor.wait_idle(timeout_s)
+
+
+class TopicExecutors:
+    """The executors of one worker process, one per generic topic, rebuilt when its spec
+    changes (the old one finishes and settles what it holds, in the background)."""
+
+    def __init__(self, *, fire: FireBatch, settle: Settle, inline: bool = False) -> None:
+        self._fire = fire
+        self._settle = settle
+        self.inline = inline
+        self.quarantine = Quarantine()
+        self._by_topic: dict[str, TopicExecutor] = {}
+        self._retired_counts: dict[str, int] = {}
+
+    def sync(self, specs: dict[str, TimeoutTopicSpec]) -> None:
+        for name in list(self._by_topic):
+            if name not in specs:
+                self._retire(self._by_topic.pop(name))
+        for name, spec in specs.items():
+            current = self._by_topic.get(name)
+            if current is not None and current.spec == spec:
+                continue
+            if current is not None:
+                self._retire(current)
+            self._by_topic[name] = TopicExecutor(spec, fire=self._fire, settle=self._settle,
+                                                 inline=self.inline,
+                                                 quarantine=self.quarantine)  # fmt: skip
+        self.quarantine.executors = list(self._by_topic.values())
+
+    def _retire(self, executor: TopicExecutor) -> None:
+        for name, n in executor.counts.items():  # what it settles from now on is not counted
+            self._retired_counts[name] = self._retired_counts.get(name, 0) + n
+        if executor.inline:
+            return
+        threading.Thread(target=executor.close, name=f"retire-{executor.spec.name}",
+                         daemon=True).start()  # fmt: skip
+
+    def get(self, topic: str) -> TopicExecutor | None:
+        return self._by_topic.get(topic)
+
+    def all(self) -> dict[str, TopicExecutor]:
+        return dict(self._by_topic)
+
+    def load(self) -> dict[str, list[int]]:
+        """Per topic: [jobs in flight, capacity]."""
+        return {name: [e.in_flight, e.capacity] for name, e in list(self._by_topic.items())}
+
+    def counts(self) -> dict[str, int]:
+        """Totals over this process's executors (retired ones included)."""
+        total = dict(self._retired_counts)
+        for executor in list(self._by_topic.values()):
+            for name, n in executor.counts.items():
+                total[name] = total.get(name, 0) + n
+        return total
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        return all(e.wait_idle(timeout_s) for e in list(self._by_topic.values()))
+
+    def close(self) -> None:
+        for executor in list(self._by_topic.values()):
+            executor.close(wait=True)
+        self._by_topic.clear()
+
+
+def _chunks(jobs: list, size: int = BATCH_JOBS) -> list[list]:
+    return [jobs[start : start + size] for start in range(0, len(jobs), size)]

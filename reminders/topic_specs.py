@@ -1,0 +1,121 @@
+"""A generic timeout topic's spec, and the rules every spec must keep (shared by the
+``TimeoutTopic`` model's ``clean()``, the settings loader and the workers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from urllib.parse import urlsplit
+
+from couponcenter.core.webhooks import secret_problem
+from reminders.members import REMINDER_TOPICS
+
+TOPIC_TYPES = {"log", "callable", "celery", "http"}
+# A job may wait in its topic's executor for (queue depth / concurrency) calls before its own:
+# the visibility timeout must cover that many call timeouts, or a slow receiver's jobs would be
+# taken back and retried while they still wait their turn.
+VISIBILITY_CALLS = 4
+
+
+@dataclass(frozen=True)
+class TimeoutTopicSpec:
+    name: str
+    type: str
+    slots: int = 8
+    max_attempts: int = 16
+    visibility_ms: int = 30_000
+    backoff_base_ms: int = 1_000  # retry n waits min(cap, base * 2^(n-1))
+    backoff_cap_ms: int = 300_000
+    path: str = ""
+    task: str = ""
+    url: str = ""
+    secret: str = ""
+    allow_http: bool = False
+    concurrency: int = 8
+    timeout_ms: int = 5_000
+    rate_limit_per_s: int = 0  # 0: unlimited
+    fair_key: str = ""  # "", "biz_type" or "attribute.<name>"
+    paused: bool = False
+    owner_user_id: int | None = None
+    owner_group_id: int | None = None
+    read_only: bool = True  # from settings; False: a TimeoutTopic row
+
+    @property
+    def target(self) -> str:
+        return {"http": self.url, "celery": self.task, "callable": self.path}.get(self.type, "")
+
+    @property
+    def owned(self) -> bool:
+        return self.owner_user_id is not None or self.owner_group_id is not None
+
+
+SETTINGS_KEYS = {f.name for f in fields(TimeoutTopicSpec)} - {"name", "read_only"}
+
+
+def spec_problems(spec: TimeoutTopicSpec, *, secret_what: str = "the secret") -> dict[str, str]:
+    """What is wrong with ``spec``, by field (empty: nothing)."""
+    problems: dict[str, str] = {}
+    if spec.type not in TOPIC_TYPES:
+        problems["type"] = f"must be one of {sorted(TOPIC_TYPES)}"
+    if spec.name in REMINDER_TOPICS:
+        problems["name"] = f"{spec.name} is built in"
+    if spec.slots < 1 or spec.slots & (spec.slots - 1):
+        problems["slots"] = "must be a power of two (1, 2, 4, ...)"
+    if spec.type == "http":
+        scheme = urlsplit(spec.url).scheme.lower()
+        if scheme not in ("http", "https") or not urlsplit(spec.url).hostname:
+            problems["target"] = "an http topic needs an https:// URL"
+        elif scheme == "http" and not spec.allow_http and spec.read_only is False:
+            problems["target"] = "plain-HTTP URL refused: use https:// or allow plain HTTP"
+        problem = secret_problem(spec.secret, what=secret_what)
+        if problem:
+            problems["secret"] = problem
+    elif spec.type in ("celery", "callable") and not spec.target:
+        what = "task name" if spec.type == "celery" else "dotted path"
+        problems["target"] = f"a {spec.type} topic needs its {what}"
+    least = VISIBILITY_CALLS * spec.timeout_ms
+    if spec.type == "http" and spec.visibility_ms < least:
+        problems["visibility_ms"] = (
+            f"must be at least {VISIBILITY_CALLS} x the timeout ({least} ms): a job may wait "
+            "for calls ahead of it in the executor"
+        )
+    if spec.backoff_cap_ms < spec.backoff_base_ms:
+        problems["backoff_cap_ms"] = "must not be below the base backoff"
+    return problems
+
+
+def spec_from_topic(row) -> TimeoutTopicSpec:
+    """The spec of a ``TimeoutTopic`` row (unsaved rows too, for validation)."""
+    target_field = {"http": "url", "celery": "task", "callable": "path"}.get(row.type)
+    return TimeoutTopicSpec(
+        name=row.name,
+        type=row.type,
+        slots=row.slots,
+        max_attempts=row.max_attempts,
+        visibility_ms=row.visibility_ms,
+        backoff_base_ms=row.backoff_base_ms,
+        backoff_cap_ms=row.backoff_cap_ms,
+        secret=row.secret,
+        allow_http=row.allow_http,
+        concurrency=row.concurrency,
+        timeout_ms=row.timeout_ms,
+        rate_limit_per_s=row.rate_limit_per_s,
+        fair_key=row.fair_key,
+        paused=row.paused,
+        owner_user_id=row.owner_user_id,
+        owner_group_id=row.owner_group_id,
+        read_only=False,
+        **({target_field: row.target} if target_field else {}),
+    )
+
+
+def slot_basis(spec: TimeoutTopicSpec, biz_type: str, biz_id: str, attribute: dict | None) -> str:
+    """What a job's slot is chosen by: its business id, or with ``fair_key`` the key's value,
+    so each key's jobs share a slot and the claims' round-robin over slots shares the firing
+    between keys: one flooding key fills only its own slot (keys that hash to the same slot
+    share it; more slots, fewer collisions)."""
+    if spec.fair_key == "biz_type":
+        return f"fair:{biz_type}"
+    if spec.fair_key.startswith("attribute."):
+        value = (attribute or {}).get(spec.fair_key.removeprefix("attribute."), "")
+        return f"fair:{value}"
+    return biz_id

@@ -136,7 +136,9 @@ def broker_client() -> redis.Redis | None:
         if url.startswith("redis+socket://"):
             client = redis.Redis(unix_socket_path=unquote(url[len("redis+socket://") :]))
         elif url.startswith(("redis://", "rediss://")):
-            client = redis.Redis.from_url(url)
+            timeout = settings.CELERY_BROKER_CONNECTION_TIMEOUT
+            client = redis.Redis.from_url(url, socket_connect_timeout=timeout,
+                                          socket_timeout=max(timeout, 2.0))  # fmt: skip
         else:
             return None
         _clients[key] = client

@@ -10,6 +10,8 @@ limit of the same work measured in the same run, and the targets are ratios (DES
 - expiry / the bare SQL expiry loop;
 - claims over HTTP / the same gunicorn answering ``/healthz/live/``;
 - cost as the backlog grows: Redis bytes per pending reminder and the claim rate at 1M and 10M;
+- the timeout center: 200,000 http jobs due in one second / a plain client on the same
+  receiver, a fast topic's p99 while a slow one is saturated, bulk create and cancel by key;
 - the peers (BullMQ, Celery ETA) on the same Redis and workload, when asked for.
 
 It writes one JSON file and one Markdown table under ``var/bench/`` and returns the JSON.
@@ -38,6 +40,7 @@ from expiry.bench import sweep as bench_expiry
 from reminders.bench import backlog as bench_backlog
 from reminders.bench import end_to_end as bench_reminders
 from reminders.bench import peers as bench_peers
+from reminders.bench import timeouts as bench_timeouts
 from reminders.bench.raw_inbox import bench_raw_inbox
 from reminders.selectors import reminder_settings_get
 
@@ -140,6 +143,25 @@ def figures(result: dict[str, Any]) -> list[Figure]:
                            f"at {small['pending']:,} pending", small["bytes_per_pending"],
                            b["memory_growth"], "<= 120 bytes",
                            b["max_bytes_per_pending"] <= 120))  # fmt: skip
+    t = result.get("timeouts", {})
+    if t:
+        ratio = t.get("burst_ratio_to_raw")
+        rows.append(Figure(f"timeouts: {t['burst_count']:,} http jobs due in one second",
+                           t.get("burst_delivered_per_s"), "/s",
+                           "a plain keep-alive client on the same receiver",
+                           t.get("raw_receiver_per_s"), ratio, ">= 0.50 of raw",
+                           ratio is not None and ratio >= 0.50))  # fmt: skip
+        p99 = t.get("isolation_lateness_p99_ms")
+        rows.append(Figure(f"timeouts: fast topic at {t['isolation_steady_rate']}/s, p99 "
+                           "lateness while a slow topic is saturated", p99, "ms", "p99.9",
+                           t.get("isolation_lateness_p999_ms"), None, "p99 <= 100 ms",
+                           p99 is not None and p99 <= 100))  # fmt: skip
+        bulk = t.get("bulk_create_jobs_per_s")
+        rows.append(Figure("timeouts: bulk create through the API (10,000 per request)", bulk,
+                           "jobs/s", target=">= 20,000/s",
+                           met=bulk is not None and bulk >= 20_000))  # fmt: skip
+        rows.append(Figure("timeouts: cancel by business key through the API",
+                           t.get("cancel_by_key_per_s"), "requests/s"))  # fmt: skip
     p = result.get("peers", {})
     if p and r:
         ours = round(r["count"] / r["end_to_end_s"]) if r.get("end_to_end_s") else None
@@ -243,7 +265,7 @@ def run(
     expiry_count: int = 1_000_000,
     claims_seconds: float = 20,
     peers: bool = True,
-    parts: tuple[str, ...] = ("expiry", "raw_inbox", "reminders", "claims", "backlog"),
+    parts: tuple[str, ...] = ("expiry", "timeouts", "raw_inbox", "reminders", "claims", "backlog"),
     progress: Progress | None = None,
     out_dir: Path | None = None,
     say: Callable[[str], None] = lambda message: None,
@@ -262,6 +284,9 @@ def run(
         result["expiry"] = bench_expiry.run_bench(
             count=expiry_count, workers=2, batch_size=10_000, progress=False
         ).as_dict()
+    if "timeouts" in parts:
+        say(f"timeouts: a {count:,} http burst beside a plain client, isolation, bulk, cancel")
+        result["timeouts"] = bench_timeouts.run(count=count, progress=progress)
     if "raw_inbox" in parts:
         say("raw limit: the bare SQL inbox-write loop")
         result["raw_inbox"] = bench_raw_inbox(

@@ -42,6 +42,9 @@ log = logging.getLogger("reminders.engine")
 
 MIN_SLEEP_S = 0.005  # never spin: even with work due "now" give Redis and the handler room
 ERROR_SLEEP_S = 1.0  # after a failed tick (Redis down, handler bug in setup)
+# The renewer thread keeps the slot leases while a round runs long (a slow publish, a long
+# rebuild), but not for a loop stuck this long in one tick: its slots should go to others.
+STUCK_TICK_MS = 60_000
 REAP_LIMIT = 1000  # expired in-flight entries moved back per slot per tick
 PRUNE_EVERY_MS = 10_000  # how often the reaper forgets drained layouts and long-dead workers
 _DONE = (Outcome.OK, Outcome.DROP)
@@ -125,6 +128,7 @@ class Dispatcher:
         self.maintenance_every_ms = maintenance_every_ms
         self.min_sleep_s = min_sleep_ms / 1000
         self._last_maintenance_ms: int | None = None
+        self._tick_started = time.monotonic()
         self._last_shape: tuple = ()
         self.started_ms = clock()
         self.leases = leases.SlotLeases(self.worker_id, client=client)
@@ -140,6 +144,7 @@ class Dispatcher:
     # --- one tick ---------------------------------------------------------------------------------
 
     def run_once(self) -> TickReport:
+        self._tick_started = time.monotonic()
         topic_list = self.topics()  # first: a provider may add topics the config then describes
         cfg = self.config()
         self.leases.ttl_ms = cfg.lease_ms
@@ -375,11 +380,26 @@ class Dispatcher:
                 break
         return total
 
+    def _renew_leases(self) -> None:
+        """The renewer thread: the slot leases are extended every third of their time, however
+        long the loop's current round takes, unless the loop is stuck in one tick for longer
+        than ``STUCK_TICK_MS`` (then they lapse and other workers take the slots over)."""
+        while not self._stop.wait(max(self.leases.ttl_ms / 3000, 0.05)):
+            if (time.monotonic() - self._tick_started) * 1000 > STUCK_TICK_MS:
+                continue
+            try:
+                for topic, slot in self.leases.renew():
+                    log.warning("lease lost on %s:%s (renewer)", topic, slot)
+            except Exception:  # Redis down: the loop's own errors say so
+                log.debug("lease renewal failed", exc_info=True)
+
     def run_forever(self, *, install_signals: bool = True) -> None:
         if install_signals:
             self.install_signal_handlers()
         log.info("worker %s starting", self.worker_id)
         next_tick = time.monotonic()
+        renewer = threading.Thread(target=self._renew_leases, name="lease-renewer", daemon=True)
+        renewer.start()
         try:
             while not self._stop.is_set():
                 try:

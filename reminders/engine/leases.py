@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import uuid
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -123,7 +124,10 @@ class SyncReport:
 
 
 class SlotLeases:
-    """The slot leases one worker holds, keyed by (topic, slot), with their fencing tokens."""
+    """The slot leases one worker holds, keyed by (topic, slot), with their fencing tokens.
+
+    Thread-safe: the dispatch loop syncs them while a renewer thread may extend them
+    (``Dispatcher``: renewal does not wait for a long round)."""
 
     def __init__(
         self, worker_id: str, *, ttl_ms: int = DEFAULT_LEASE_MS, client: Client | None = None
@@ -132,18 +136,24 @@ class SlotLeases:
         self.ttl_ms = ttl_ms
         self.client = client
         self.held: dict[tuple[str, int], str] = {}
+        self._lock = threading.RLock()
 
     def token(self, topic: str, slot: int) -> str | None:
         return self.held.get((topic, slot))
 
     def owned(self, topic: str) -> list[int]:
-        return sorted(slot for (t, slot) in self.held if t == topic)
+        with self._lock:
+            return sorted(slot for (t, slot) in self.held if t == topic)
 
     def sync(self, wanted: Mapping[str, Iterable[int]]) -> SyncReport:
         """Hold the wanted slots we can get: release the rest, renew ours, take free ones."""
+        with self._lock:
+            return self._sync(wanted)
+
+    def _sync(self, wanted: Mapping[str, Iterable[int]]) -> SyncReport:
         report = SyncReport()
         want = {(topic, slot) for topic, slots in wanted.items() for slot in slots}
-        report.released = self.release([pair for pair in self.held if pair not in want])
+        report.released = self._release([pair for pair in self.held if pair not in want])
         pairs = sorted(want)
         calls = [scripts.lease_acquire_call(slot_keys(*pair), holder=self.worker_id,
                                             ttl_ms=self.ttl_ms, current=self.held.get(pair))
@@ -162,6 +172,10 @@ class SlotLeases:
 
     def renew(self) -> list[tuple[str, int]]:
         """Extend every held lease (mid-tick, during a long drain); returns the ones lost."""
+        with self._lock:
+            return self._renew()
+
+    def _renew(self) -> list[tuple[str, int]]:
         pairs = list(self.held)
         calls = [scripts.lease_renew_call(slot_keys(*pair).lease, token=self.held[pair],
                                           ttl_ms=self.ttl_ms) for pair in pairs]  # fmt: skip
@@ -178,9 +192,14 @@ class SlotLeases:
 
     def drop(self, topic: str, slot: int) -> None:
         """Forget a lease a script reported lost (LeaseLost)."""
-        self.held.pop((topic, slot), None)
+        with self._lock:
+            self.held.pop((topic, slot), None)
 
     def release(self, pairs: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+        with self._lock:
+            return self._release(pairs)
+
+    def _release(self, pairs: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
         pairs = [pair for pair in pairs if pair in self.held]
         calls = [scripts.lease_release_call(slot_keys(*pair).lease, token=self.held.pop(pair))
                  for pair in pairs]  # fmt: skip

@@ -154,7 +154,9 @@ def flush_reminders(topic: str) -> None:
     count = sum(len(es) for _, es in parts)
     try:
         # argsrepr: Celery would otherwise saferepr() the whole batch into the message headers.
-        deliver_reminders.apply_async(args=[batch], argsrepr=f"({count} reminders)")
+        # retry=False: a broker that is down fails this at once (the entries go back with
+        # backoff) instead of holding the claim round in kombu's reconnect loop.
+        deliver_reminders.apply_async(args=[batch], argsrepr=f"({count} reminders)", retry=False)
     except Exception as exc:
         logger.exception("handing %d reminders of %s to Celery failed", count, topic)
         error = f"{type(exc).__name__}: {exc}"[:500]

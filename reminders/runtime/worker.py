@@ -40,6 +40,8 @@ from reminders.selectors import reminder_settings_get
 from reminders.services.orphans import queues_prune_orphans
 
 logger = logging.getLogger(__name__)
+BROKER_WARN_EVERY_S = 10.0
+BROKER_RETRY_S = 1.0
 
 
 class Reconciler:
@@ -89,6 +91,7 @@ class DeliveryBackpressure:
         self.every_s = every_s
         self._checked = 0.0
         self._room = True
+        self._warned = float("-inf")
 
     def __call__(self, topic: Topic) -> bool:
         if topic.name not in REMINDER_TOPICS:
@@ -97,7 +100,15 @@ class DeliveryBackpressure:
         if now - self._checked >= self.every_s:
             self._checked = now
             limit = reminder_settings_get().max_delivery_queue
-            self._room = limit == 0 or delivery_queue_depth() < limit
+            try:
+                self._room = limit == 0 or delivery_queue_depth() < limit
+            except Exception as exc:  # the broker is down: reminders wait in Redis, unclaimed
+                self._room = False
+                self._checked = now + BROKER_RETRY_S - self.every_s  # ask again in a second
+                if now - self._warned >= BROKER_WARN_EVERY_S:
+                    self._warned = now
+                    logger.warning("broker unreachable (%s): not claiming reminders", exc)
+                return False
             if not self._room:
                 logger.info("backpressure: delivery queue at its limit of %d batches", limit)
         return self._room

@@ -19,7 +19,8 @@ from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 
 from couponcenter import services
-from reminders.services import timeout_job_create
+from reminders.models import TimeoutTopic
+from reminders.services import timeout_job_create, timeout_topic_save
 from tests.couponcenter.conftest import client_with
 from tests.support.factories import CouponFactory, api_user
 
@@ -60,6 +61,11 @@ TABLE: dict[tuple[str, str], tuple] = {
     ("PATCH", "/api/timeouts/by-key/"): STAFF_ONLY,
     ("GET", "/api/timeouts/{job_id}/"): STAFF_ONLY,
     ("DELETE", "/api/timeouts/{job_id}/"): STAFF_ONLY,
+    ("GET", "/api/timeout-topics/"): STAFF_ONLY,
+    ("POST", "/api/timeout-topics/"): STAFF_ONLY,
+    ("GET", "/api/timeout-topics/{name}/"): STAFF_ONLY,
+    ("PATCH", "/api/timeout-topics/{name}/"): STAFF_ONLY,
+    ("DELETE", "/api/timeout-topics/{name}/"): STAFF_ONLY,
     ("GET", "/api/users/{user_id}/coupons/"): FOR_THE_USER,
     ("POST", "/api/users/{user_id}/coupons/"): FOR_THE_USER,
     ("POST", "/api/users/{user_id}/coupons/{user_coupon_id}/redeem/"): FOR_THE_USER,
@@ -99,7 +105,7 @@ def callers() -> dict[str, Client]:
     }
 
 
-def fill(path: str, *, user_id: int, ids: dict[str, int]) -> str:
+def fill(path: str, *, user_id: int, ids: dict[str, int | str]) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: str(user_id if m[1] == "user_id" else ids[m[1]]), path)
 
 
@@ -119,6 +125,7 @@ def test_permission_matrix(callers, method, path):
                 topic="timeout.default", biz_type="order", biz_id=f"M-{role}",
                 action_time=timezone.now() + timedelta(hours=1),
             ).pk,
+            "name": timeout_topic_save(topic=TimeoutTopic(name=f"perm.{role}"), type="log").name,
         }  # fmt: skip
         response = callers[role].generic(
             method, fill(path, user_id=user_id, ids=ids), "{}", content_type="application/json"

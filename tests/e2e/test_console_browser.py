@@ -84,7 +84,10 @@ def test_login_and_overview_shows_a_known_backlog(logged_in, live_server, remind
     assert "Overdue backlog is 12 entries" in page.inner_text("#cc-warning-1")
     row = page.locator(f'#cc-backlog tr.cc-total[data-topic="{REMINDER_TOPIC}"]')
     assert row.locator("td").nth(2).inner_text() == "12"
-    assert page.locator("svg.cc-chart").count() == 4
+    # Counts and lateness per topic: the two reminder topics and the generic ones in settings.
+    topics = 2 + len(settings.TIMEOUT_TOPICS)
+    assert page.locator("svg.cc-chart").count() == 2 * topics
+    assert page.locator("#cc-timeout-topics tr[data-topic]").count() == len(settings.TIMEOUT_TOPICS)
     shot(page, "console-overview")
 
 

@@ -90,6 +90,28 @@ def test_bulk_create_writes_and_indexes_every_job(call):
     assert due_in_redis(job.pk, job.slot) == int(WHEN.timestamp() * 1000)
 
 
+def test_bulk_jobs_the_serializers_must_convert_get_the_same_answer(call):
+    # The bulk create checks plain jobs itself and sends anything else through the serializers:
+    # a number for biz_id, whitespace to trim or an offset other than UTC go the long way, and
+    # the answer and the rows are the same as for the plain form.
+    local = WHEN.astimezone(timezone.get_fixed_timezone(480))
+    plain = call("post", BULK, {"jobs": [job_body("7"), job_body("8")]})
+    converted = call("post", BULK, {"jobs": [
+        {**job_body("x"), "biz_id": 9, "attribute": {"k": [1, 2]}},
+        {**job_body("x"), "biz_id": " 10 ", "action_time": local.isoformat()},
+    ]})  # fmt: skip
+    assert plain.status_code == converted.status_code == 201, converted.data
+    assert plain.data["jobs"][0].keys() == converted.data["jobs"][0].keys()
+    assert {j["action_time"] for j in plain.data["jobs"] + converted.data["jobs"]} == {
+        WHEN.isoformat().replace("+00:00", "Z")
+    }
+    rows = {j.biz_id: j for j in TimeoutJob.objects.all()}
+    assert set(rows) == {"7", "8", "9", "10"}
+    assert rows["9"].attribute == {"k": [1, 2]} and rows["7"].attribute == {}
+    assert {j.action_time for j in rows.values()} == {WHEN}
+    assert backlog() == 4
+
+
 def test_bulk_create_is_idempotent_per_key(call):
     first = call("post", LIST, job_body("B-1")).data
     response = call("post", BULK, {"jobs": [job_body("B-1", at=WHEN + timedelta(hours=1)),

@@ -25,6 +25,9 @@ from reminders.models import Notification, ReminderSubscription
         ("bench_all", ["--only", "everything"], "--only takes"),
         ("bench_all", ["--count", "5"], "--count must be"),
         ("bench_reminders", ["--prestage-ms", "-1"], "--prestage-ms must be"),
+        ("bench_timeouts", ["--count", "5"], "--count must be within"),
+        ("bench_timeouts", ["--concurrency", "0"], "--concurrency must be within"),
+        ("bench_timeouts", ["--bulk-jobs", "10000", "--cancels", "20000"], "must not exceed"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(command, args, message):

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from couponcenter.bench.progress import progress_bars
 from couponcenter.ops import bench_all
 
-PARTS = ("expiry", "raw_inbox", "reminders", "claims", "backlog")
+PARTS = ("expiry", "timeouts", "raw_inbox", "reminders", "claims", "backlog")
 
 
 class Command(BaseCommand):

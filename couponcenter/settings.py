@@ -343,6 +343,9 @@ WEBHOOK_ALLOW_HTTP = _env_bool("WEBHOOK_ALLOW_HTTP", DEBUG)
 WEBHOOK_ALLOW_PRIVATE = _env_bool("WEBHOOK_ALLOW_PRIVATE", DEBUG)
 WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "5"))
 WORKER_LEASE_MS = int(os.environ.get("WORKER_LEASE_MS", "5000"))
+# An inbox delivery waits at most this long for a subscription row another session holds (one
+# that died idle in a transaction): then it fails and is retried, instead of waiting forever.
+DELIVERY_LOCK_TIMEOUT_MS = int(os.environ.get("DELIVERY_LOCK_TIMEOUT_MS", "10000"))
 WORKER_MIN_SLEEP_MS = float(os.environ.get("WORKER_MIN_SLEEP_MS", "20"))
 # The worker re-indexes pending jobs due within this window from the database on this schedule.
 RECONCILE_WINDOW_S = int(os.environ.get("RECONCILE_WINDOW_S", "300"))

@@ -114,10 +114,13 @@ def fresh_live_settings():
 @pytest.fixture
 def eager_celery():
     """Run Celery tasks in-process (the real task code, without a broker round trip)."""
+    # The app reads Django's settings under the CELERY namespace: the key to set is the
+    # namespaced one (Celery 5.6 reads ``task_always_eager`` from it, not from the plain key).
     before = celery_app.conf.task_always_eager
-    celery_app.conf.task_always_eager = True
+    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = True
+    assert celery_app.conf.task_always_eager
     yield celery_app
-    celery_app.conf.task_always_eager = before
+    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = before
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -85,6 +86,7 @@ def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
     slot_of = {member: slot for slot, members in parts for member in members}
     members = list(slot_of)
     attempts = batch.get("attempts") or {}
+    redelivered = sum(1 for m in members if attempts.get(m, 1) >= 2)
     live = reminder_settings_get()
     try:
         gateway = gateway_for(live.gateway)
@@ -94,7 +96,7 @@ def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
             report = _deliver_external(gateway, members, attempts, live)
     except Exception as exc:  # noqa: BLE001 - whatever failed, the batch is settled as failed
         report = _crashed(members, attempts, live, exc)
-    return _settle(topic, slot_of, live, report)
+    return {**_settle(topic, slot_of, live, report), "redelivered": redelivered}
 
 
 def _crashed(
@@ -141,7 +143,8 @@ def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings)
             # A session that died holding these rows (idle in transaction) must make this task
             # fail and be retried, not wait forever; see README, idle_in_transaction.
             with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL lock_timeout = '10s'")
+                timeout_ms = int(settings.DELIVERY_LOCK_TIMEOUT_MS)
+                cursor.execute(f"SET LOCAL lock_timeout = '{timeout_ms}ms'")
         if live.late_policy == ReminderSettings.LatePolicy.DROP:
             cutoff = now - live.late_limit
             late = _claim_rows("status = %s AND remind_at < %s",

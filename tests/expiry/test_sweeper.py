@@ -224,4 +224,5 @@ def test_sigterm_finishes_the_batch_in_flight_then_exits():
     processed = ExpiryTask.objects.filter(status="processed").count()
     expired = UserCoupon.objects.filter(status="expired").count()
     assert processed == expired and processed % batch == 0, (processed, expired)
+    assert 0 < processed < count, "the SIGTERM landed mid-sweep"
     assert processed + pending_count() == count

@@ -29,14 +29,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def delivery_queue(settings):
     """A Celery queue of this test's own on the real broker (non-eager publishing)."""
     name = f"test-delivery-{uuid.uuid4().hex[:8]}"
+    # The app reads Django's settings under the CELERY namespace: set the namespaced keys.
     before = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = name
+    celery_app.conf.CELERY_TASK_DEFAULT_QUEUE = name
+    assert celery_app.conf.task_default_queue == name
     settings.DELIVERY_QUEUE = name
     client = broker_client()
     if client is None:
         pytest.skip("needs a Redis broker")
     yield name, client
-    celery_app.conf.task_default_queue = before
+    celery_app.conf.CELERY_TASK_DEFAULT_QUEUE = before
     client.delete(name)
 
 
@@ -57,11 +59,12 @@ def broker_down(monkeypatch):
     """
     monkeypatch.delenv("CELERY_BROKER_WRITE_URL", raising=False)
     before = (celery_app.conf.broker_write_url, celery_app.conf.task_publish_retry)
-    celery_app.conf.broker_write_url = "redis://127.0.0.1:1/0"
-    celery_app.conf.task_publish_retry = False
+    celery_app.conf.CELERY_BROKER_WRITE_URL = "redis://127.0.0.1:1/0"
+    celery_app.conf.CELERY_TASK_PUBLISH_RETRY = False
+    assert celery_app.conf.broker_write_url == "redis://127.0.0.1:1/0"
     _reset_producers()
     yield
-    celery_app.conf.broker_write_url, celery_app.conf.task_publish_retry = before
+    celery_app.conf.CELERY_BROKER_WRITE_URL, celery_app.conf.CELERY_TASK_PUBLISH_RETRY = before
     _reset_producers()
 
 

@@ -9,6 +9,7 @@ from django.core.signals import request_finished, request_started
 from django.db import DatabaseError, connection, connections
 
 from couponcenter.models import Coupon
+from tests.support.factories import CouponFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -49,19 +50,21 @@ def persistent(settings):
 
 def test_a_recently_used_connection_is_not_checked_and_fails_once_if_broken(persistent):
     persistent.DB_HEALTH_CHECK_IDLE_S = 60
+    CouponFactory.create_batch(3)
     pid = request(backend_pid)
     assert request(backend_pid) == pid  # persistent
     terminate(pid)
     with pytest.raises(DatabaseError):
         request(Coupon.objects.count)
     assert connection.connection is None  # closed at the end of the failed request
-    assert request(Coupon.objects.count) >= 0
+    assert request(Coupon.objects.count) == 3
     assert request(backend_pid) != pid
 
 
 def test_an_idle_connection_is_checked_first(persistent):
     persistent.DB_HEALTH_CHECK_IDLE_S = 0
+    CouponFactory.create_batch(2)
     pid = request(backend_pid)
     terminate(pid)
-    assert request(Coupon.objects.count) >= 0  # the check found it broken and reconnected
+    assert request(Coupon.objects.count) == 2  # the check found it broken and reconnected
     assert request(backend_pid) != pid

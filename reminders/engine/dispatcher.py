@@ -133,6 +133,7 @@ class Dispatcher:
         self.started_ms = clock()
         self.leases = leases.SlotLeases(self.worker_id, client=client)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # wake(): room freed up somewhere, claim again now
         self._layouts_seen: dict[str, int] = {}
         self._last_prune_ms = 0
 
@@ -426,11 +427,18 @@ class Dispatcher:
             wake = now
         elif report.next_due_ms is not None:
             wake = min(wake, now + max(0.0, (report.next_due_ms - self.clock()) / 1000))
-        self._stop.wait(max(wake - now, self.min_sleep_s))
+        self._wake.wait(max(wake - now, self.min_sleep_s))
+        self._wake.clear()
         return next_tick
 
     def stop(self, *_: object) -> None:
         self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """End the current sleep early (an executor that was full has room again): called from
+        other threads."""
+        self._wake.set()
 
     @property
     def stopping(self) -> bool:

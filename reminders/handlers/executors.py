@@ -63,8 +63,10 @@ class TopicExecutor:
         settle: Settle,
         inline: bool = False,
         quarantine: Quarantine | None = None,
+        on_room: Callable[[], None] | None = None,
     ) -> None:
         self.spec = spec
+        self.on_room = on_room  # called when a full batch fits again (wakes the dispatcher)
         self.quarantine = quarantine or Quarantine()
         self.inline = inline
         self._fire = fire
@@ -190,8 +192,12 @@ class TopicExecutor:
             close_old_connections()
         finally:
             with self._lock:
+                was_full = self.capacity - self._in_flight < self.batch_size
                 self._in_flight -= len(fired)
+                room_again = was_full and self.capacity - self._in_flight >= self.batch_size
                 self._lock.notify_all()
+            if room_again and self.on_room is not None:
+                self.on_room()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -253,6 +259,7 @@ class TopicExecutors:
         self._fire = fire
         self._settle = settle
         self.inline = inline
+        self.on_room: Callable[[], None] | None = None  # set by the worker: Dispatcher.wake
         self.quarantine = Quarantine()
         self._by_topic: dict[str, TopicExecutor] = {}
         self._retired_counts: dict[str, int] = {}
@@ -267,9 +274,10 @@ class TopicExecutors:
                 continue
             if current is not None:
                 self._retire(current)
-            self._by_topic[name] = TopicExecutor(spec, fire=self._fire, settle=self._settle,
-                                                 inline=self.inline,
-                                                 quarantine=self.quarantine)  # fmt: skip
+            self._by_topic[name] = TopicExecutor(
+                spec, fire=self._fire, settle=self._settle, inline=self.inline,
+                quarantine=self.quarantine, on_room=lambda: self.on_room and self.on_room(),
+            )  # fmt: skip
         self.quarantine.executors = list(self._by_topic.values())
 
     def _retire(self, executor: TopicExecutor) -> None:

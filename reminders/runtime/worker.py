@@ -133,7 +133,7 @@ def build_worker(topic_names: list[str] | None = None, *, threaded: bool = False
         generic.executors.close()
         raise ValueError(f"unknown topics {sorted(names - known)}; known: {sorted(known)}")
     backpressure = DeliveryBackpressure()
-    return Dispatcher(
+    dispatcher = Dispatcher(
         lambda: generic.refresh() + builtin,
         config=partial(engine_settings, generic),
         version=__version__,
@@ -151,3 +151,5 @@ def build_worker(topic_names: list[str] | None = None, *, threaded: bool = False
         # instead of per 5: a quarter of the tasks for at most 15 ms more lateness.
         min_sleep_ms=settings.WORKER_MIN_SLEEP_MS,
     )
+    generic.executors.on_room = dispatcher.wake  # a full executor with room again
+    return dispatcher

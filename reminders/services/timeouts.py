@@ -12,6 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections.abc import Callable
@@ -194,10 +195,14 @@ _INSERT_COLUMNS = ("topic", "biz_type", "biz_id", "status", "action_time", "attr
 
 
 def _insert_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
-    """One multi-row ``INSERT ... RETURNING job_id`` per chunk (the ORM's bulk_create spends
-    more time preparing 10,000 rows than the database spends writing them)."""
+    """The rows in as few statements as the database allows: on PostgreSQL the ids from the
+    sequence in one query and the rows in one ``COPY``; elsewhere a multi-row ``INSERT ...
+    RETURNING`` per chunk. (The ORM's bulk_create spends more time preparing 10,000 rows than
+    the database spends writing them; a 10,000-row INSERT spends most of its time quoting.)"""
     if not jobs:
         return []
+    if connection.vendor == "postgresql":
+        return _copy_jobs(jobs, specs)
     adapt = connection.ops.adapt_datetimefield_value  # db_time, looked up once for 10,000 rows
     now = adapt(timezone.now())
     rows, made = [], []
@@ -225,12 +230,62 @@ def _insert_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
     return [job._replace(job_id=ids[(job.topic, job.biz_type, job.biz_id)]) for job in made]
 
 
+def _copy_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
+    table = TimeoutJob._meta.db_table
+    now = timezone.now().isoformat()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'job_id')) FROM generate_series(1, %s)",
+            [table, len(jobs)],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+        lines, made = [], []
+        for pk, j in zip(ids, jobs, strict=True):
+            spec, attribute = specs[j["topic"]], j.get("attribute") or {}
+            at, rule = j["action_time"], j.get("recurrence") or ""
+            slot = slot_for(slot_basis(spec, j["biz_type"], j["biz_id"], attribute), spec.slots)
+            when = at.isoformat()
+            fields = (str(pk), _copy_text(j["topic"]), _copy_text(j["biz_type"]),
+                      _copy_text(j["biz_id"]), str(Status.PENDING), when,
+                      _copy_text(json.dumps(attribute)) if attribute else "{}", str(slot), "0", "",
+                      _copy_text(rule),
+                      when if rule else "\\N", now, now)  # fmt: skip
+            lines.append("\t".join(fields))
+            made.append(BulkJob(pk, j["topic"], j["biz_type"], j["biz_id"], at, slot))
+        data = io.StringIO("\n".join(lines) + "\n")
+        with connection.wrap_database_errors:  # a unique violation is Django's IntegrityError
+            cursor.cursor.copy_expert(
+                f"COPY {table} (job_id, {', '.join(_INSERT_COLUMNS)}) FROM STDIN", data
+            )
+    return made
+
+
+def _copy_text(value: str) -> str:
+    """A value in COPY's text format (backslash, tab, newline and carriage return escaped)."""
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        value = (value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+                 .replace("\r", "\\r"))  # fmt: skip
+    return value
+
+
 def _pending_by_keys(keys: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], TimeoutJob]:
     found: dict[tuple[str, str, str], TimeoutJob] = {}
     by_type: dict[tuple[str, str], list[str]] = {}
     for topic, biz_type, biz_id in keys:
         by_type.setdefault((topic, biz_type), []).append(biz_id)
     for (topic, biz_type), ids in by_type.items():
+        if connection.vendor == "postgresql":
+            # One statement with an array parameter, not 2,000 placeholders a chunk to parse.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"SELECT job_id FROM {TimeoutJob._meta.db_table} WHERE biz_type = %s "
+                    "AND biz_id = ANY(%s) AND topic = %s AND status = %s",
+                    [biz_type, ids, topic, Status.PENDING],
+                )
+                pks = [row[0] for row in cursor.fetchall()]
+            rows = TimeoutJob.objects.filter(pk__in=pks) if pks else []
+            found.update({(j.topic, j.biz_type, j.biz_id): j for j in rows})
+            continue
         for start in range(0, len(ids), BULK_CHUNK):
             rows = TimeoutJob.objects.filter(
                 topic=topic, biz_type=biz_type, biz_id__in=ids[start : start + BULK_CHUNK],

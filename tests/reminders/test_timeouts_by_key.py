@@ -17,6 +17,7 @@ from reminders.handlers import timeout_jobs
 from reminders.models import TimeoutJob
 from reminders.runtime.worker import build_worker
 from reminders.services import (
+    TimeoutJobConflict,
     timeout_job_create,
     timeout_job_reschedule,
     timeout_jobs_bulk_create,
@@ -110,6 +111,34 @@ def test_bulk_jobs_the_serializers_must_convert_get_the_same_answer(call):
     assert rows["9"].attribute == {"k": [1, 2]} and rows["7"].attribute == {}
     assert {j.action_time for j in rows.values()} == {WHEN}
     assert backlog() == 4
+
+
+def test_bulk_values_with_tabs_newlines_and_backslashes_round_trip(call):
+    odd = "a\tb\nc\\d\re"
+    body = {"jobs": [job_body(odd, attribute={"note": odd, "path": "C:\\x"}),
+                     job_body("plain", recurrence="FREQ=DAILY;COUNT=2")]}  # fmt: skip
+    response = call("post", BULK, body)
+    assert response.status_code == 201, response.data
+    job = TimeoutJob.objects.get(biz_id=odd)
+    assert job.attribute == {"note": odd, "path": "C:\\x"}
+    assert job.pk == response.data["jobs"][0]["job_id"]
+    plain = TimeoutJob.objects.get(biz_id="plain")
+    assert (plain.recurrence, plain.series_start) == ("FREQ=DAILY;COUNT=2", WHEN)
+    assert due_in_redis(job.pk, job.slot) == int(WHEN.timestamp() * 1000)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bulk_racing_another_create_of_a_key_is_a_conflict_and_writes_nothing(monkeypatch):
+    # Another request creates the key's job after this one looked for pending jobs: the
+    # database's unique constraint refuses the insert, and the whole request rolls back.
+    timeout_job_create(topic=TOPIC, biz_type="order", biz_id="R-1", action_time=WHEN)
+    monkeypatch.setattr("reminders.services.timeouts._pending_by_keys", lambda keys: {})
+    jobs = [{"topic": TOPIC, "biz_type": "order", "biz_id": f"R-{i}", "action_time": WHEN}
+            for i in range(5)]  # fmt: skip
+    with pytest.raises(TimeoutJobConflict):
+        timeout_jobs_bulk_create(jobs)
+    assert TimeoutJob.objects.count() == 1
+    assert backlog() == 1  # only the other request's job
 
 
 def test_bulk_create_is_idempotent_per_key(call):

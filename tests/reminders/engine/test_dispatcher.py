@@ -165,7 +165,7 @@ def test_the_reaper_runs_under_a_singleton_lease(redis_client):
 
 
 class RecordedWaits(threading.Event):
-    """The loop's stop event, recording how long each sleep would be instead of sleeping."""
+    """The loop's wake event, recording how long each sleep would be instead of sleeping."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -185,7 +185,7 @@ def test_run_forever_wakes_early_for_due_work_and_stops(redis_client):
     topic = Topic(T, Recorder(lambda e: handled.append(e.job_id) or OK), slots=1)
     config = lambda: EngineSettings(tick_ms=2000, lease_ms=60_000)  # noqa: E731
     dispatcher = Dispatcher([topic], config=config, client=redis_client, clock=lambda: now[0])
-    dispatcher._stop = sleeps = RecordedWaits()
+    dispatcher._wake = sleeps = RecordedWaits()
     queue.schedule(T, "soon", now[0] + 500, slot=0, client=redis_client)
 
     report = dispatcher.run_once()
@@ -203,6 +203,8 @@ def test_run_forever_wakes_early_for_due_work_and_stops(redis_client):
     dispatcher.run_once()
     assert handled == ["soon", "late"]
     assert [w.worker_id for w in leases.list_workers(client=redis_client)] == [dispatcher.worker_id]
+    dispatcher.wake()  # room again somewhere: the next sleep ends at once
+    assert sleeps.is_set()
     dispatcher.stop()
     dispatcher.run_forever(install_signals=False)  # stopped: returns at once
     assert leases.list_workers(client=redis_client) == []  # deregistered on stop

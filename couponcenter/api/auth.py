@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
+from rest_framework.authtoken.models import Token
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.authtoken.views import ObtainAuthToken
+from rest_framework.exceptions import Throttled, ValidationError
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -37,4 +40,15 @@ class TokenApi(ObtainAuthToken):
         "(send it as `Authorization: Token <key>`).",
     )
     def post(self, request: Request, *args, **kwargs) -> Response:
-        return super().post(request, *args, **kwargs)
+        serializer = self.get_serializer(data=request.data)
+        if not serializer.is_valid():
+            # django-axes refused the sign-in (too many failures for this username or address):
+            # say so, as the admin's login page does, instead of "wrong credentials".
+            if getattr(request, "axes_locked_out", False):
+                minutes = int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
+                raise Throttled(
+                    detail=f"Too many failed sign-ins: locked out for {minutes} minutes."
+                )
+            raise ValidationError(serializer.errors)
+        token, _ = Token.objects.get_or_create(user=serializer.validated_data["user"])
+        return Response({"token": token.key})

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import threading
 import time
@@ -117,6 +118,7 @@ class Dispatcher:
         self.handed_counts = handed_counts
         self.load = load
         self._handed_seen: dict[str, int] = dict(handed_counts()) if handed_counts else {}
+        self._budget_cut: dict[str, bool] = {}  # the last claim of a topic got less than asked
         self.config = config or EngineSettings
         self.worker_id = worker_id or leases.new_worker_id()
         self.client = client
@@ -283,7 +285,14 @@ class Dispatcher:
         owned = self.leases.owned(topic.name)
         heads = queue.heads(topic.name, owned, client=self.client)
         due = [slot for slot in owned if heads[slot] is not None and heads[slot] <= now_ms]
-        return leases.poll_order(topic.name, due, client=self.client) if due else []
+        order = leases.poll_order(topic.name, due, client=self.client) if due else []
+        if len(order) > 1 and self._budget_cut.get(topic.name):
+            # A budget (a rate limit) lets only the first slots claim each tick: a random start
+            # keeps the shared counter's alternation from lining up with when tokens come back,
+            # which could hand every token to the same slot (one tenant starving another).
+            start = random.randrange(len(order))
+            order = [*order[start:], *order[:start]]
+        return order
 
     def _one_batch(self, topic: Topic, ts: TopicSettings, slot: int, report: TickReport) -> bool:
         """Claim and handle one batch; True when it was full (more may be due)."""
@@ -294,7 +303,9 @@ class Dispatcher:
             return False
         limit = ts.batch_size
         if self.budget is not None:
-            limit = min(limit, self.budget.take(topic, limit))
+            granted = self.budget.take(topic, limit)
+            self._budget_cut[topic.name] = granted < limit
+            limit = min(limit, granted)
             if limit <= 0:
                 return False
         entries: list[Claimed] = []

@@ -58,11 +58,6 @@ def test_reminder_workers_sigkilled_20_times_lose_and_repeat_nothing(stack, remi
     assert mid_run >= 10, f"only {mid_run} of 20 kills landed while reminders were being sent"
     wait_all_notified(subs, stack, timeout=120)
     assert_each_notified_once(subs)
-    # The kills landed: some batches came back and were delivered on a later attempt (each
-    # delivery task reports how many of its reminders were redelivered).
-    logs = "".join(p.output() for p in stack.procs if p.name == "celery")
-    redelivered = sum(int(n) for n in re.findall(r"'redelivered': (\d+)", logs))
-    assert redelivered > 0, logs[-3000:]
 
 
 def _log_lines(proc, pattern: str) -> list[str]:

@@ -185,7 +185,7 @@ class Dispatcher:
     def _maintain(self, cfg: EngineSettings, topics, report: TickReport) -> None:
         """Heartbeat, slot assignment and leases, reaping, housekeeping."""
         served = {topic.name: self._served_slots(topic, ts) for topic, ts in topics}
-        self._heartbeat(cfg)
+        self._heartbeat(cfg, [topic for topic, _ in topics])
         live = leases.live_workers(now_ms=self.clock(), lease_ms=cfg.lease_ms, client=self.client)
         wanted = {
             name: leases.assign_slots(self.worker_id, live, name, n) for name, n in served.items()
@@ -201,7 +201,7 @@ class Dispatcher:
             self._layouts_seen[topic.name] = ts.slots
         return queue.served_slot_count(topic.name, ts.slots, client=self.client)
 
-    def _heartbeat(self, cfg: EngineSettings) -> None:
+    def _heartbeat(self, cfg: EngineSettings, topics: list[Topic]) -> None:
         info = leases.WorkerInfo(
             worker_id=self.worker_id,
             heartbeat_ms=self.clock(),
@@ -210,7 +210,7 @@ class Dispatcher:
             version=self.version,
             started_ms=self.started_ms,
             config_version=cfg.version,
-            owned={t.name: self.leases.owned(t.name) for t in self.topics()},
+            owned={t.name: self.leases.owned(t.name) for t in topics},
             load=self.load() if self.load is not None else {},
         )
         leases.heartbeat(info, client=self.client)

@@ -104,9 +104,6 @@ class TopicExecutor:
         with self._lock:
             return self._in_flight
 
-    def saturation(self) -> float:
-        return self.in_flight / self.capacity
-
     def submit(
         self, slot: int, jobs: list[tuple[TimeoutJob, int]], *, suspect: bool = False
     ) -> None:
@@ -290,9 +287,6 @@ class TopicExecutors:
 
     def get(self, topic: str) -> TopicExecutor | None:
         return self._by_topic.get(topic)
-
-    def all(self) -> dict[str, TopicExecutor]:
-        return dict(self._by_topic)
 
     def load(self) -> dict[str, list[int]]:
         """Per topic: [jobs in flight, capacity]."""

@@ -234,7 +234,7 @@ def timeout_topic_rows(
             total[1] += capacity
     rows = []
     for name, spec in timeout_topic_specs().items():
-        recent = [r for r in series.get(name, [])[-RECENT_MINUTES:]]
+        recent = series.get(name, [])[-RECENT_MINUTES:]
         p50 = [r["lateness_p50_ms"] for r in recent if r["lateness_p50_ms"] is not None]
         p99 = [r["lateness_p99_ms"] for r in recent if r["lateness_p99_ms"] is not None]
         hour = {n: sum(r[n] for r in series.get(name, [])) for n in ("delivered", "failed",

@@ -42,15 +42,15 @@ from reminders.engine import queue
 from reminders.gateways import Gateway, InboxGateway, Message, gateway_for
 from reminders.members import ReminderMember
 from reminders.members import member as member_of_sub
-from reminders.models import Notification, ReminderSettings, ReminderSubscription
+from reminders.models import ReminderSettings, ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
-from .staging import REMINDER_KIND
+from .indexing import REINDEX_CHUNK
+from .staging import hidden_reminder_notes, notifications_delete
 
 logger = logging.getLogger(__name__)
 Status = ReminderSubscription.Status
 TABLE = ReminderSubscription._meta.db_table
-MATES_CHUNK = 2000  # ids per IN (...) when folding staged messages
 COUPON_TTL_S = 5.0  # names and opening times in messages may lag an edit by this much
 
 
@@ -187,29 +187,22 @@ def _unstage_mates(items: list[Item], now: datetime, window_ms: int) -> list[Ite
     buckets = {(item.user_id, _bucket(item.remind_at, window)) for item in items}
     users = sorted({user for user, _ in buckets})
     notes, mates = [], set()
-    for start in range(0, len(users), MATES_CHUNK):
-        rows = Notification.objects.filter(
-            user_id__in=users[start : start + MATES_CHUNK],
-            kind=REMINDER_KIND,
-            visible_at__gt=now,
-        ).values_list("pk", "user_id", "visible_at", "payload")
-        for pk, user, visible_at, payload in rows:
-            if (user, _bucket(visible_at, window)) in buckets:
-                notes.append(pk)
-                mates.update((payload or {}).get("subscriptions") or ())
+    for pk, user, visible_at, subs in hidden_reminder_notes(users, now):
+        if (user, _bucket(visible_at, window)) in buckets:
+            notes.append(pk)
+            mates |= subs
     if not notes:
         return []
     kept = []
     ids = sorted(mates)
-    for start in range(0, len(ids), MATES_CHUNK):
+    for start in range(0, len(ids), REINDEX_CHUNK):
         kept += (
             ReminderSubscription.objects.select_for_update()
-            .filter(pk__in=ids[start : start + MATES_CHUNK], status=Status.SENT, sent_at__gt=now)
+            .filter(pk__in=ids[start : start + REINDEX_CHUNK], status=Status.SENT, sent_at__gt=now)
             .order_by("pk")
             .values_list("pk", "user_id", "remind_at", "coupon_id")
         )
-    for start in range(0, len(notes), MATES_CHUNK):
-        Notification.objects.filter(pk__in=notes[start : start + MATES_CHUNK]).delete()
+    notifications_delete(notes)
     return [
         Item(member_of_sub(pk, user, coupon), pk, user, remind_at, coupon)
         for pk, user, remind_at, coupon in kept

@@ -17,6 +17,7 @@ a message of their own. A reminder already visible is delivered: nothing is with
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from django.db.models import Q, QuerySet
@@ -69,21 +70,13 @@ def staged_withdraw(
     wanted = {pk for pk, _ in candidates}
     users = sorted({user for _, user in candidates})
     notes, freed = [], set()
-    for start in range(0, len(users), REINDEX_CHUNK):
-        rows = Notification.objects.filter(
-            user_id__in=users[start : start + REINDEX_CHUNK],
-            kind=REMINDER_KIND,
-            visible_at__gt=now,
-        ).values_list("pk", "payload")
-        for note_id, payload in rows:
-            subs = set((payload or {}).get("subscriptions") or ())
-            if subs & wanted:
-                notes.append(note_id)
-                freed |= subs
+    for note_id, _, _, subs in hidden_reminder_notes(users, now):
+        if subs & wanted:
+            notes.append(note_id)
+            freed |= subs
     if not notes:
         return []
-    for start in range(0, len(notes), REINDEX_CHUNK):
-        Notification.objects.filter(pk__in=notes[start : start + REINDEX_CHUNK]).delete()
+    notifications_delete(notes)
     mates = sorted(freed - wanted)
     for start in range(0, len(mates), REINDEX_CHUNK):
         chunk = ReminderSubscription.objects.select_for_update().filter(
@@ -100,3 +93,23 @@ def staged_withdraw(
             pk__in=withdrawn[start : start + REINDEX_CHUNK], status=Status.SENT
         ).update(status=Status.SCHEDULED, sent_at=None, updated_at=now)
     return withdrawn
+
+
+def hidden_reminder_notes(
+    user_ids: list[int], now: datetime
+) -> Iterator[tuple[int, int, datetime, set[int]]]:
+    """The reminder notifications of ``user_ids`` still hidden (staged), in chunks:
+    ``(id, user id, visible_at, subscription ids)``."""
+    for start in range(0, len(user_ids), REINDEX_CHUNK):
+        rows = Notification.objects.filter(
+            user_id__in=user_ids[start : start + REINDEX_CHUNK],
+            kind=REMINDER_KIND,
+            visible_at__gt=now,
+        ).values_list("pk", "user_id", "visible_at", "payload")
+        for pk, user, visible_at, payload in rows:
+            yield pk, user, visible_at, set((payload or {}).get("subscriptions") or ())
+
+
+def notifications_delete(ids: list[int]) -> None:
+    for start in range(0, len(ids), REINDEX_CHUNK):
+        Notification.objects.filter(pk__in=ids[start : start + REINDEX_CHUNK]).delete()

@@ -7,23 +7,47 @@ HOST ?= 127.0.0.1
 # Development settings for everything started from here (production defaults DEBUG to off).
 export DEBUG ?= 1
 
-.PHONY: install run test test-chaos lint format bench clean
+.PHONY: install lock run test test-chaos lint format bench clean admin-password
 
-$(VENV)/.installed: pyproject.toml
+# The locked versions (requirements.lock, from `make lock`), installed by uv: a few seconds where
+# pip takes minutes. uv comes from PATH, or is bootstrapped into the venv; pip is the fallback.
+$(VENV)/.installed: pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	@UV="$$(command -v uv || true)"; \
+	if [ -z "$$UV" ] && $(VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv 2>/dev/null; then UV=$(VENV)/bin/uv; fi; \
+	if [ -n "$$UV" ]; then \
+	  echo "installing the locked versions with $$UV"; \
+	  "$$UV" pip install --quiet --python $(VENV)/bin/python -r requirements.lock && \
+	  "$$UV" pip install --quiet --python $(VENV)/bin/python --no-deps -e . ; \
+	else \
+	  echo "uv unavailable: installing with pip (slower)"; \
+	  $(VENV)/bin/pip install --quiet -r requirements.lock && $(VENV)/bin/pip install --quiet --no-deps -e . ; \
+	fi
 	@touch $@
 
 install: $(VENV)/.installed
 
+# Re-resolve requirements.lock from pyproject.toml (after changing a dependency).
+lock: install
+	$$(command -v uv || echo $(VENV)/bin/uv) pip compile --quiet pyproject.toml --extra dev -o requirements.lock
+
+# Every process writes its Prometheus metrics here, so /metrics shows all of them (emptied on
+# each start: the files of processes that are gone would count forever).
+METRICS_DIR := var/prometheus
+
 run: install
 	$(PY) manage.py migrate --noinput
-	$(PY) manage.py seed_demo
+	$(PY) manage.py seed_demo --url http://$(HOST):$(PORT)
 	$(PY) manage.py run_embedded_redis --stop
 	$(PY) manage.py ensure_demo_admin --url http://$(HOST):$(PORT)/admin/
-	WEB_PORT=$(PORT) WEB_HOST=$(HOST) COUPONCENTER_REDIS_AUTOSTART=0 $(VENV)/bin/honcho start -f Procfile
+	rm -rf $(METRICS_DIR) && mkdir -p $(METRICS_DIR)
+	WEB_PORT=$(PORT) WEB_HOST=$(HOST) COUPONCENTER_REDIS_AUTOSTART=0 \
+	  PROMETHEUS_MULTIPROC_DIR=$(CURDIR)/$(METRICS_DIR) $(VENV)/bin/honcho start -f Procfile
+
+# A new password for the demo admin of `make run` (it is kept from run to run otherwise).
+admin-password: install
+	$(PY) manage.py ensure_demo_admin --reset --url http://$(HOST):$(PORT)/admin/
 
 test: install
 	$(VENV)/bin/pytest

@@ -1,5 +1,6 @@
 from django.apps import AppConfig
 
+from couponcenter.core import tracing
 from couponcenter.core.security import log_lockout
 
 
@@ -12,3 +13,5 @@ class CouponCenterConfig(AppConfig):
         from axes.signals import user_locked_out
 
         user_locked_out.connect(log_lockout, dispatch_uid="couponcenter.log_lockout")
+        # Traces to the OTLP endpoint when one is configured (else nothing is installed).
+        tracing.setup()

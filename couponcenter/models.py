@@ -13,6 +13,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
+from couponcenter.core.durations import MaxDurationValidator, MinDurationValidator
 from couponcenter.core.time import EARLIEST_TIME, LATEST_TIME
 
 # Bounds that keep every value storable (a PostgreSQL integer, SQLite's 64-bit microseconds) and
@@ -51,11 +52,14 @@ class Coupon(models.Model):
     valid_for = models.DurationField(
         null=True,
         blank=True,
-        validators=[MinValueValidator(timedelta(seconds=1)), MaxValueValidator(MAX_VALID_FOR)],
+        validators=[
+            MinDurationValidator(timedelta(seconds=1)),
+            MaxDurationValidator(MAX_VALID_FOR),
+        ],
     )
     reminder_lead = models.DurationField(
         default=timedelta(seconds=60),
-        validators=[MinValueValidator(timedelta(0)), MaxValueValidator(MAX_REMINDER_LEAD)],
+        validators=[MinDurationValidator(timedelta(0)), MaxDurationValidator(MAX_REMINDER_LEAD)],
     )
     reminder_priority = models.CharField(
         max_length=10, choices=Priority.choices, default=Priority.NORMAL

@@ -22,6 +22,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Permission
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
@@ -32,6 +33,7 @@ from rest_framework.authtoken.models import Token
 from expiry.models import ExpiryTask
 
 from . import rules, signals, stock
+from .core.errors import BusinessError
 from .models import MAX_PER_USER_LIMIT, Account, Coupon, CouponStockShard, UserCoupon
 from .rules import ClaimRefused, CouponStateError, RedeemRefused
 
@@ -79,6 +81,15 @@ def coupon_create(
     if reminder_lead is not None:
         coupon.reminder_lead = reminder_lead
     coupon.full_clean(validate_constraints=False)
+    # A new coupon that is already over would look active while refusing every claim.
+    now = timezone.now()
+    past = {
+        name: ["Must be in the future: every claim would be refused."]
+        for name in ("claim_closes_at", "expires_at")
+        if getattr(coupon, name) is not None and getattr(coupon, name) <= now
+    }
+    if past:
+        raise ValidationError(past)
     with transaction.atomic():
         coupon.save()
         stock.stock_shards_create(coupon=coupon)
@@ -136,6 +147,23 @@ def _window_refusal(*, coupon: Coupon, now: datetime) -> str | None:
     return rules.claim_refusal(now=now, **rules.fields_of(coupon))
 
 
+def _refused(code: str, coupon: Coupon | None = None) -> ClaimRefused:
+    """The refusal with what a client needs to act on it: when claims open or closed."""
+    if code == "not_open" and coupon is not None:
+        opens = coupon.claim_opens_at.isoformat()
+        return ClaimRefused(code, f"Claims open at {opens}.", opens_at=opens)
+    if code == "closed" and coupon is not None:
+        ends = [t for t in (coupon.claim_closes_at, coupon.expires_at) if t is not None]
+        closed = min(ends).isoformat() if ends else None
+        return ClaimRefused(code, f"Claims closed at {closed}.", closed_at=closed)
+    messages = {
+        "cancelled": "The coupon was cancelled.",
+        "sold_out": "Every unit of the coupon's stock has been claimed.",
+        "limit_reached": "This user has claimed the coupon as often as its per-user limit allows.",
+    }
+    return ClaimRefused(code, messages.get(code, ""))
+
+
 def coupon_claim(*, coupon_id: int, user_id: int, now: datetime | None = None) -> UserCoupon:
     """Claim one coupon for ``user_id``; raises ``ClaimRefused`` with a reason code.
 
@@ -180,7 +208,7 @@ def _claim_once_serialized(*, coupon_id: int, user_id: int, seq: int, now: datet
     # Fail fast without a transaction; the conditional UPDATE below is what actually decides.
     refusal = _window_refusal(coupon=coupon, now=now)
     if refusal:
-        raise ClaimRefused(refusal)
+        raise _refused(refusal, coupon)
     if not CouponStockShard.objects.filter(coupon_id=coupon_id).exists():
         stock.stock_shards_ensure(coupon_id=coupon_id)
     with transaction.atomic():
@@ -199,7 +227,7 @@ def _claim_once_serialized(*, coupon_id: int, user_id: int, seq: int, now: datet
         ).update(claimed=F("claimed") + 1)
         if not taken:
             coupon.refresh_from_db()
-            raise ClaimRefused(_window_refusal(coupon=coupon, now=now) or "sold_out")
+            raise _refused(_window_refusal(coupon=coupon, now=now) or "sold_out", coupon)
         stock.coupon_claimed_count_fold(coupon_id=coupon_id)
     return user_coupon
 
@@ -256,17 +284,17 @@ def _claim_once_one_statement(
         coupon = Coupon.objects.get(pk=coupon_id)
         refusal = _window_refusal(coupon=coupon, now=now)
         if refusal:
-            raise ClaimRefused(refusal)
+            raise _refused(refusal, coupon)
         left = CouponStockShard.objects.filter(coupon_id=coupon_id).aggregate(
             n=Count("id"), left=Sum(F("stock") - F("claimed"))
         )
         if not left["n"]:
             stock.stock_shards_ensure(coupon_id=coupon_id)
         elif not left["left"]:
-            raise ClaimRefused("sold_out")
+            raise _refused("sold_out")
         row = _claim_statement(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now, wait=True)
     if row is None:
-        raise ClaimRefused("sold_out")
+        raise _refused("sold_out")
     user_coupon = UserCoupon(
         id=row[0], coupon_id=coupon_id, user_id=user_id, seq=seq, claimed_at=now, expires_at=row[1]
     )
@@ -312,7 +340,7 @@ def _free_seq(*, coupon_id: int, user_id: int) -> int:
         )
     )
     if len(taken) >= limit:
-        raise ClaimRefused("limit_reached")
+        raise _refused("limit_reached")
     return next(seq for seq in range(1, limit + 1) if seq not in taken)
 
 
@@ -334,33 +362,95 @@ def coupon_redeem(*, user_coupon_id: int, user_id: int, now: datetime | None = N
         )
         if not used:
             if user_coupon.status == UserCoupon.Status.USED:
-                raise RedeemRefused("already_used")
-            raise RedeemRefused("expired")
+                used_at = user_coupon.used_at.isoformat() if user_coupon.used_at else None
+                raise RedeemRefused("already_used", f"Already used at {used_at}.", used_at=used_at)
+            expired = user_coupon.expires_at.isoformat()
+            raise RedeemRefused("expired", f"Expired at {expired}.", expired_at=expired)
         ExpiryTask.objects.filter(
             user_coupon_id=user_coupon_id, status=ExpiryTask.Status.PENDING
         ).update(status=ExpiryTask.Status.PROCESSED, updated_at=now)
     return user_coupon
 
 
+# What an API account may be granted besides its link: (app label, codename).
+ACCOUNT_PERMISSIONS = {
+    "act_for_any_user": ("couponcenter", "act_for_any_user"),
+    "manage_coupons": ("couponcenter", "manage_coupons"),
+    "manage_timeouts": ("reminders", "manage_timeouts"),
+}
+
+
+class AccountRefused(BusinessError):
+    """Codes: ``not_an_api_account`` (the username is a person's sign-in or staff)."""
+
+
 def account_ensure(
-    *, username: str, end_user_id: int | None = None, act_for_any_user: bool = False
+    *,
+    username: str,
+    end_user_id: int | None = None,
+    act_for_any_user: bool = False,
+    permissions: tuple[str, ...] | None = None,
 ) -> tuple[AbstractBaseUser, str]:
     """An API caller that signs in by token only (no usable password); returns (user, token).
 
     Idempotent: an existing account keeps its token and gets the link and permission asked for.
+    ``permissions``: names from ``ACCOUNT_PERMISSIONS`` the account has afterwards (the others
+    are taken away); None leaves all but ``act_for_any_user`` as they are.
     """
+    user, token, _ = account_provision(
+        username=username, end_user_id=end_user_id, act_for_any_user=act_for_any_user,
+        permissions=permissions,
+    )  # fmt: skip
+    return user, token
+
+
+def account_provision(
+    *,
+    username: str,
+    end_user_id: int | None = None,
+    act_for_any_user: bool = False,
+    permissions: tuple[str, ...] | None = None,
+    api_only: bool = False,
+) -> tuple[AbstractBaseUser, str, bool]:
+    """``account_ensure``, also saying whether the account is new. ``api_only``: refuse
+    (``AccountRefused``) a username that belongs to staff or to a person who signs in with a
+    password, so the staff API cannot re-purpose a human's login."""
+    wanted = set(permissions or ()) | ({"act_for_any_user"} if act_for_any_user else set())
+    unknown = wanted - set(ACCOUNT_PERMISSIONS)
+    if unknown:
+        raise ValueError(f"unknown account permissions: {sorted(unknown)}")
+    managed = set(ACCOUNT_PERMISSIONS) if permissions is not None else {"act_for_any_user"}
     with transaction.atomic():
-        user, created = get_user_model().objects.get_or_create(username=username)
+        user, created = (
+            get_user_model().objects.select_for_update().get_or_create(username=username)
+        )
+        if (
+            not created
+            and api_only
+            and (user.is_staff or user.is_superuser or user.has_usable_password())
+        ):
+            raise AccountRefused(
+                "not_an_api_account",
+                f"{username!r} is a person's sign-in or staff, not an API account.",
+            )
         if created:
             user.set_unusable_password()
             user.save(update_fields=["password"])
         Account.objects.update_or_create(user=user, defaults={"end_user_id": end_user_id})
-        permission = Permission.objects.get(
-            content_type__app_label="couponcenter", codename="act_for_any_user"
-        )
-        if act_for_any_user:
-            user.user_permissions.add(permission)
-        else:
-            user.user_permissions.remove(permission)
+        for name in managed:
+            app_label, codename = ACCOUNT_PERMISSIONS[name]
+            permission = Permission.objects.get(
+                content_type__app_label=app_label, codename=codename
+            )
+            if name in wanted:
+                user.user_permissions.add(permission)
+            else:
+                user.user_permissions.remove(permission)
         token, _ = Token.objects.get_or_create(user=user)
-    return user, token.key
+    return user, token.key, created
+
+
+def account_permissions(user: AbstractBaseUser) -> list[str]:
+    """The ``ACCOUNT_PERMISSIONS`` names ``user`` holds directly."""
+    held = set(user.user_permissions.values_list("content_type__app_label", "codename"))
+    return sorted(name for name, key in ACCOUNT_PERMISSIONS.items() if key in held)

@@ -80,7 +80,9 @@ ASGI_APPLICATION = "couponcenter.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # The console's templates first: its admin/base_site.html brands the whole admin (the
+        # admin app, listed first, would otherwise win).
+        "DIRS": [BASE_DIR / "couponcenter" / "ops" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -212,11 +214,10 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": [
-        "couponcenter.core.api.parsers.SafeJSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
-    ],
+    # JSON bodies only: the clients speak JSON, and a schema that offers form and multipart too
+    # breaks client generators (openapi-python-client). Anything else is a 415.
+    "DEFAULT_PARSER_CLASSES": ["couponcenter.core.api.parsers.SafeJSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
@@ -264,6 +265,10 @@ SPECTACULAR_SETTINGS = {
         else "rest_framework.permissions.IsAdminUser"
     ],
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "couponcenter.core.api.schema.add_cross_field_rules",
+    ],
     # Swagger UI from the installed sidecar package: /api/docs/ works with no internet.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
@@ -316,7 +321,11 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
+        # Django's own console handler (DEBUG only) on top of the root's printed every web
+        # warning twice: the root's handler alone.
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.db.backends": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},  # not "AXES: BEGIN version ..." at every start
         # A body over DATA_UPLOAD_MAX_MEMORY_SIZE is the client's fault: a warning, no traceback.
         "django.security.RequestDataTooBig": {"filters": ["as_warning"]},
     },

@@ -6,6 +6,7 @@ from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 
 from couponcenter.core.admin import EstimatedCountPaginator
+from couponcenter.core.durations import ISO_DURATION_ADMIN
 
 from . import services
 from .models import ExpirySettings, ExpiryTask
@@ -61,6 +62,7 @@ class ExpirySettingsForm(forms.ModelForm):
 @admin.register(ExpirySettings)
 class ExpirySettingsAdmin(admin.ModelAdmin):
     form = ExpirySettingsForm
+    formfield_overrides = ISO_DURATION_ADMIN
     list_display = ("__str__", "batch_size", "interval", "retention", "updated_at")
 
     def has_add_permission(self, request: HttpRequest) -> bool:

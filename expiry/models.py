@@ -15,6 +15,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from couponcenter.core.durations import MaxDurationValidator, MinDurationValidator
 from couponcenter.core.live_settings import LiveSettings
 
 
@@ -60,11 +61,14 @@ class ExpirySettings(LiveSettings):
     )
     interval = models.DurationField(
         default=timedelta(seconds=60),
-        validators=[MinValueValidator(timedelta(seconds=1)), MaxValueValidator(timedelta(days=1))],
+        validators=[
+            MinDurationValidator(timedelta(seconds=1)),
+            MaxDurationValidator(timedelta(days=1)),
+        ],
     )
     retention = models.DurationField(
         default=timedelta(days=7),
-        validators=[MinValueValidator(timedelta(0)), MaxValueValidator(timedelta(days=3650))],
+        validators=[MinDurationValidator(timedelta(0)), MaxDurationValidator(timedelta(days=3650))],
     )
 
     class Meta:

@@ -100,7 +100,8 @@ class Sweeper:
         now = time.monotonic()
         if now - self._last_progress >= PROGRESS_EVERY_SECONDS:
             self._last_progress = now
-            logger.info("expiry: %d tasks processed so far this pass", self._pass_done)
+            if self._pass_done:  # an idle pass has nothing to say every minute
+                logger.info("expiry: %d tasks processed so far this pass", self._pass_done)
 
     def _log_pass(self, result: PassResult) -> None:
         totals = result.totals

@@ -37,6 +37,10 @@ class Message:
     # Pre-staged: not to be shown before this moment (the inbox hides it until then; gateways
     # that push at once never get a staged message, see ``ReminderSettings.topic_settings``).
     visible_at: datetime | None = None
+    # The push cap's decision (``services.delivery``): pushed, or inbox only (and held for a
+    # digest).
+    push: bool = True
+    held: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,14 +68,15 @@ class InboxGateway:
         db_time = connection.ops.adapt_datetimefield_value
         now = db_time(timezone.now())
         rows = [(m.user_id, m.dedup_key, m.kind, m.title, m.body, json.dumps(m.payload), now,
-                 db_time(m.visible_at) if m.visible_at else now) for m in messages]  # fmt: skip
+                 db_time(m.visible_at) if m.visible_at else now, m.push, m.held)
+                for m in messages]  # fmt: skip
         with connection.cursor() as cursor:
             for start in range(0, len(rows), INSERT_CHUNK):
                 chunk = rows[start : start + INSERT_CHUNK]
-                values = ",".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
+                values = ",".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
                 cursor.execute(
                     f"INSERT INTO {table} (user_id, dedup_key, kind, title, body, payload, "
-                    f"created_at, visible_at) VALUES {values} "
+                    f"created_at, visible_at, push, held) VALUES {values} "
                     "ON CONFLICT (user_id, dedup_key) DO NOTHING",
                     [value for row in chunk for value in row],
                 )

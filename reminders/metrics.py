@@ -3,9 +3,14 @@ the reminder events and lateness counters (the queue gauges read at scrape time 
 ``reminders.collector``).
 
 Per topic and minute, one hash ``<prefix>:metrics:{<topic>}:<minute>`` holds counts (dispatched,
-delivered, failed, dropped, dead, and orphaned: entries the reconcile removed) and a lateness
-histogram (``lat:<bucket upper bound ms>``). Each hash expires after ``RETENTION_S``, so memory is
-bounded by topics x minutes kept.
+delivered, failed, dropped, dead, orphaned: entries the reconcile removed, capped and digested:
+the per-user push cap's) and a lateness
+histogram (``lat:<bucket upper bound ms>``); the same counts go to one hash per hour
+(``...:h<hour>``) for the console's 24-hour view. Minute hashes expire after ``RETENTION_S``, hour
+hashes after ``HOUR_RETENTION_S``, so memory is bounded by topics x periods kept.
+
+Percentiles are interpolated linearly inside the histogram bucket they fall in
+(``percentile``); ``bucket_bounds`` says how precise that is (the bucket's edges).
 """
 
 from __future__ import annotations
@@ -20,9 +25,15 @@ from prometheus_client import Counter, Histogram
 from couponcenter.core.redis import get_redis
 
 RETENTION_S = 2 * 3600
-COUNTS = ("dispatched", "delivered", "failed", "dropped", "dead", "orphaned")
-# Upper bounds (ms) of the lateness buckets; the last one catches everything later.
-LATENESS_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 60_000, 10**12)
+HOUR_RETENTION_S = 25 * 3600
+COUNTS = ("dispatched", "delivered", "failed", "dropped", "dead", "orphaned", "capped", "digested")
+# Upper bounds (ms) of the lateness buckets; the last one catches everything later. Fine enough
+# that a bucket's width is at most about half its upper edge above 1 s (a p99 of 47 s reads
+# 45-60 s, never "60,000 ms").
+LATENESS_BUCKETS_MS = (
+    5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 20_000, 30_000, 45_000, 60_000,
+    120_000, 300_000, 600_000, 10**12,
+)  # fmt: skip
 
 EVENTS = Counter("couponcenter_reminder_events_total", "Reminder events", ["topic", "event"])
 LATENESS = Histogram(
@@ -35,6 +46,10 @@ LATENESS = Histogram(
 
 def _key(topic: str, minute: int) -> str:
     return f"{settings.REDIS_KEY_PREFIX}:metrics:{{{topic}}}:{minute}"
+
+
+def _hour_key(topic: str, hour: int) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:metrics:{{{topic}}}:h{hour}"
 
 
 def bucket_for(lateness_ms: float) -> int:
@@ -83,30 +98,41 @@ def record(
             fields[f"lat:{bound}"] = n
     if not fields:
         return
-    key = _key(topic, int(now // 60))
+    key, hour_key = _key(topic, int(now // 60)), _hour_key(topic, int(now // 3600))
     pipe = get_redis().pipeline(transaction=False)
     for name, n in fields.items():
         pipe.hincrby(key, name, n)
+        pipe.hincrby(hour_key, name, n)
     pipe.expire(key, RETENTION_S)
+    pipe.expire(hour_key, HOUR_RETENTION_S)
     pipe.execute()
 
 
-def series(topic: str, *, minutes: int = 60, now: float | None = None) -> list[dict]:
-    """Per minute, oldest first: counts and lateness p50/p99 (ms, bucket upper bounds)."""
+def series(
+    topic: str, *, minutes: int = 60, now: float | None = None, step_s: int = 60
+) -> list[dict]:
+    """Per period (a minute, or an hour with ``step_s=3600``), oldest first, covering the last
+    ``minutes``: counts, the lateness histogram (``hist``: bucket upper bound ms -> count) and its
+    interpolated p50/p99 (ms)."""
+    if step_s not in (60, 3600):
+        raise ValueError("step_s is 60 or 3600")
     now = time.time() if now is None else now
-    last = int(now // 60)
-    wanted = list(range(last - minutes + 1, last + 1))
+    last = int(now // step_s)
+    periods = max(1, -(-minutes * 60 // step_s))
+    wanted = list(range(last - periods + 1, last + 1))
+    key = _key if step_s == 60 else _hour_key
     pipe = get_redis().pipeline(transaction=False)
-    for minute in wanted:
-        pipe.hgetall(_key(topic, minute))
+    for period in wanted:
+        pipe.hgetall(key(topic, period))
     rows = []
-    for minute, raw in zip(wanted, pipe.execute(), strict=True):
+    for period, raw in zip(wanted, pipe.execute(), strict=True):
         data = {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
         hist = {int(k[4:]): v for k, v in data.items() if k.startswith("lat:")}
         rows.append(
             {
-                "minute": minute * 60,
+                "minute": period * step_s,
                 **{name: data.get(name, 0) for name in COUNTS},
+                "hist": hist,
                 "lateness_p50_ms": percentile(hist, 0.50),
                 "lateness_p99_ms": percentile(hist, 0.99),
                 "lateness_count": sum(hist.values()),
@@ -115,15 +141,39 @@ def series(topic: str, *, minutes: int = 60, now: float | None = None) -> list[d
     return rows
 
 
+def merged(rows: Iterable[Mapping]) -> dict[int, int]:
+    """The lateness histograms of ``rows`` (from ``series``) added up: a window's percentiles
+    come from its samples together, not from the worst of its minutes."""
+    total: dict[int, int] = {}
+    for row in rows:
+        for bound, n in row.get("hist", {}).items():
+            total[bound] = total.get(bound, 0) + n
+    return total
+
+
+def bucket_bounds(upper_ms: float) -> tuple[int, int]:
+    """The (lower, upper) edges in ms of the bucket a value falls in."""
+    index = min(bisect_left(LATENESS_BUCKETS_MS, upper_ms), len(LATENESS_BUCKETS_MS) - 1)
+    return (LATENESS_BUCKETS_MS[index - 1] if index else 0), LATENESS_BUCKETS_MS[index]
+
+
 def percentile(hist: Mapping[int, int], q: float) -> int | None:
+    """The ``q`` quantile in ms, interpolated linearly inside its bucket (samples taken as spread
+    evenly over it); the open last bucket answers its lower edge. None without samples."""
     total = sum(hist.values())
     if not total:
         return None
     rank, seen = q * total, 0
     for bound in sorted(hist):
-        seen += hist[bound]
-        if seen >= rank:
-            return bound
+        n = hist[bound]
+        if n and seen + n >= rank:
+            low, high = bucket_bounds(bound)
+            if high != bound:  # a bound from an older bucket layout: no interpolation
+                return bound
+            if bound == LATENESS_BUCKETS_MS[-1]:
+                return low
+            return round(low + (high - low) * max(rank - seen, 0) / n)
+        seen += n
     return max(hist)
 
 

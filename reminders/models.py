@@ -14,6 +14,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from couponcenter.core.durations import MaxDurationValidator, MinDurationValidator
 from couponcenter.core.live_settings import LiveSettings
 from reminders.engine.topics import TopicSettings
 from reminders.topic_specs import spec_from_topic, spec_problems
@@ -49,6 +50,11 @@ class TimeoutJob(models.Model):
     slot = models.PositiveIntegerField(default=0)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
+    # Each settled attempt, oldest first: {"attempt", "at", "outcome", "error"} (appended by the
+    # settle's own UPDATE, no extra query; shown on the job's admin page).
+    history = models.JSONField(null=True, blank=True, editable=False)
+    # The trace of the call that scheduled it (see ReminderSubscription.traceparent).
+    traceparent = models.CharField(max_length=64, blank=True, default="", db_default="")
     # Recurring jobs (``reminders.recurrence``): an RRULE or a cron expression; the next
     # occurrence is created when this one is settled. ``series_start``: the first occurrence.
     recurrence = models.CharField(max_length=500, blank=True, default="")
@@ -213,6 +219,9 @@ class ReminderSubscription(models.Model):
     priority = models.CharField(max_length=10, default="normal")
     drop_reason = models.CharField(max_length=32, blank=True, default="")
     sent_at = models.DateTimeField(null=True, blank=True)
+    # The trace of the API call that scheduled it (W3C traceparent; only when tracing is on and
+    # that call was sampled): its delivery is a span in the same trace (core.tracing).
+    traceparent = models.CharField(max_length=64, blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -246,6 +255,11 @@ class Notification(models.Model):
     # and stays out of the inbox until then (``ReminderSettings.prestage_ms``).
     visible_at = models.DateTimeField(default=timezone.now)
     read_at = models.DateTimeField(null=True, blank=True)
+    # The per-user push cap (ReminderSettings.push_cap_per_day): whether this one is pushed to
+    # the user's device, or only shown in the inbox; ``held``: over the cap, waiting to be folded
+    # into the user's next allowed push as a digest (its ``payload["digest"]``).
+    push = models.BooleanField(default=True, db_default=True)
+    held = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         constraints = [
@@ -270,39 +284,75 @@ class ReminderSettings(LiveSettings):
         SEND = "send", "Send however late"
         DROP = "drop", "Drop when later than the late limit"
 
+    class OverCap(models.TextChoices):
+        DIGEST = "digest", "Inbox now, folded into the next allowed push as a digest"
+        INBOX = "inbox", "Inbox only"
+
     class Gateway(models.TextChoices):
         INBOX = "inbox", "Inbox (Notification rows)"
         WEBHOOK = "webhook", "Webhook (signed HTTP POST)"
         LOG = "log", "Log only"
 
     slots = models.PositiveIntegerField(
-        default=16, validators=[_power_of_two, MaxValueValidator(4096)]
+        default=16,
+        validators=[_power_of_two, MaxValueValidator(4096)],
+        help_text="Shards per reminder topic, a power of two; workers share them. A change moves "
+        "the scheduled reminders to the new layout, losing none.",
     )
     batch_size = models.PositiveIntegerField(
-        default=2000, validators=[MinValueValidator(1), MaxValueValidator(50_000)]
+        default=2000,
+        validators=[MinValueValidator(1), MaxValueValidator(50_000)],
+        help_text="Most reminders one claim takes from a slot (and one delivery task carries).",
     )
     tick_interval_ms = models.PositiveIntegerField(
-        default=1000, validators=[MinValueValidator(10), MaxValueValidator(60_000)]
+        default=1000,
+        validators=[MinValueValidator(10), MaxValueValidator(60_000)],
+        help_text="Longest a worker sleeps between claims when nothing is due sooner (ms); it "
+        "wakes earlier for the next due reminder.",
     )
     visibility_timeout_ms = models.PositiveIntegerField(
-        default=60_000, validators=[MinValueValidator(1000), MaxValueValidator(3_600_000)]
+        default=60_000,
+        validators=[MinValueValidator(1000), MaxValueValidator(3_600_000)],
+        help_text="How long a claimed reminder may stay unacknowledged before it is claimed "
+        "again (ms): a worker or Celery process that died loses nothing.",
     )
     max_attempts = models.PositiveIntegerField(
-        default=3, validators=[MinValueValidator(1), MaxValueValidator(100)]
+        default=3,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="Delivery attempts before a reminder goes to the dead letters (and an alert).",
     )
     backoff_ms = models.PositiveIntegerField(
-        default=2000, validators=[MinValueValidator(0), MaxValueValidator(3_600_000)]
+        default=2000,
+        validators=[MinValueValidator(0), MaxValueValidator(3_600_000)],
+        help_text="Wait before the first retry (ms); it doubles with each attempt, with jitter.",
     )
     merge_window_ms = models.PositiveIntegerField(
-        default=1000, validators=[MaxValueValidator(3_600_000)]
+        default=1000,
+        validators=[MaxValueValidator(3_600_000)],
+        help_text="A user's reminders due within this window become one notification (ms); 0 "
+        "sends each alone.",
     )
-    late_policy = models.CharField(max_length=8, choices=LatePolicy.choices, default="send")
+    late_policy = models.CharField(
+        max_length=8,
+        choices=LatePolicy.choices,
+        default="send",
+        help_text="What happens to a reminder later than the late limit (after an outage).",
+    )
     late_limit = models.DurationField(
         default=timedelta(minutes=5),
-        validators=[MinValueValidator(timedelta(0)), MaxValueValidator(MAX_LATE_LIMIT)],
+        validators=[MinDurationValidator(timedelta(0)), MaxDurationValidator(MAX_LATE_LIMIT)],
+        help_text="With the drop policy: reminders later than this are dropped, not sent.",
     )
-    paused = models.BooleanField(default=False)
-    gateway = models.CharField(max_length=10, choices=Gateway.choices, default="inbox")
+    paused = models.BooleanField(
+        default=False,
+        help_text="Stop claiming reminders (they wait, due, in Redis; nothing is lost).",
+    )
+    gateway = models.CharField(
+        max_length=10,
+        choices=Gateway.choices,
+        default="inbox",
+        help_text="Where reminders go: the inbox table, a signed webhook, or the log only.",
+    )
     prestage_ms = models.PositiveIntegerField(
         "pre-stage window (ms)",
         default=30_000,
@@ -314,16 +364,39 @@ class ReminderSettings(LiveSettings):
             "longer be claimed before the due moment withdraws them. 0 turns it off."
         ),
     )
+    # Article 002: one carefully chosen notification per user per day, not ten.
+    push_cap_per_day = models.PositiveIntegerField(
+        "pushes per user per day",
+        default=0,
+        validators=[MaxValueValidator(1000)],
+        help_text="At most this many pushed notifications per user in any rolling 24 hours "
+        "(0: no cap). Reminders over the cap still land in the inbox, unpushed. Inbox gateway.",
+    )
+    over_cap = models.CharField(
+        "over the cap",
+        max_length=8,
+        choices=OverCap.choices,
+        default=OverCap.DIGEST,
+        help_text="What a reminder over the cap becomes besides its inbox entry.",
+    )
     # Backpressure: claiming slows when the Celery delivery queue is deeper than this.
     max_delivery_queue = models.PositiveIntegerField(
-        default=200, validators=[MaxValueValidator(1_000_000)]
+        default=200,
+        validators=[MaxValueValidator(1_000_000)],
+        help_text="Backpressure: workers claim less while more delivery tasks than this wait "
+        "in the Celery queue.",
     )
     # Console warnings.
     backlog_warning = models.PositiveIntegerField(
-        default=10_000, validators=[MaxValueValidator(1_000_000_000)]
+        default=10_000,
+        validators=[MaxValueValidator(1_000_000_000)],
+        help_text="The console warns when more reminders than this are overdue.",
     )
     lateness_warning_ms = models.PositiveIntegerField(
-        default=1000, validators=[MaxValueValidator(86_400_000)]
+        default=1000,
+        validators=[MaxValueValidator(86_400_000)],
+        help_text="The console warns when the p99 lateness of the last 5 minutes is over this "
+        "(ms).",
     )
 
     class Meta:

@@ -7,7 +7,7 @@ string) it authenticates, checks the permission, throttles and claims without DR
 machinery (request wrapper, content negotiation, serializers), which cost more CPU than the claim
 itself. Every other request, and every request the lean path would refuse before claiming, goes
 through DRF as before, so all error answers (400 / 401 / 403 / 404 / 405 / 415 / 429) are DRF's
-own; the lean path itself only answers 201, 400 (unknown coupon) and 409, built the same way.
+own; the lean path itself only answers 201, 404 (unknown coupon) and 409, built the same way.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _claim(*, coupon_id: int, user_id: int) -> Response:
     try:
         user_coupon = services.coupon_claim(coupon_id=coupon_id, user_id=user_id)
     except Coupon.DoesNotExist:
-        raise serializers.ValidationError({"coupon": [f"No coupon with id {coupon_id}."]}) from None
+        raise NotFound(f"No coupon with id {coupon_id}.") from None
     return Response(user_coupon_data(user_coupon), status=status.HTTP_201_CREATED)
 
 
@@ -200,7 +200,12 @@ class UserCouponListApi(APIView):
         request=ClaimInputSerializer,
         responses={
             201: UserCouponOutputSerializer,
-            409: conflict_serializer("ClaimConflict", CLAIM_REFUSALS),
+            409: conflict_serializer(
+                "ClaimConflict",
+                CLAIM_REFUSALS,
+                opens_at=serializers.DateTimeField(required=False, help_text="With `not_open`."),
+                closed_at=serializers.DateTimeField(required=False, help_text="With `closed`."),
+            ),
             **error_responses(400, 403, 404, 429),
         },
         description="Claim a coupon for the user. 409 codes: " + ", ".join(CLAIM_REFUSALS) + ".",
@@ -220,7 +225,12 @@ class UserCouponRedeemApi(APIView):
         request=None,
         responses={
             200: UserCouponOutputSerializer,
-            409: conflict_serializer("RedeemConflict", REDEEM_REFUSALS),
+            409: conflict_serializer(
+                "RedeemConflict",
+                REDEEM_REFUSALS,
+                used_at=serializers.DateTimeField(required=False, help_text="With `already_used`."),
+                expired_at=serializers.DateTimeField(required=False, help_text="With `expired`."),
+            ),
             **error_responses(403, 404),
         },
         description="Use a claimed coupon. 409 codes: " + ", ".join(REDEEM_REFUSALS) + ".",

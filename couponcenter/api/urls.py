@@ -1,10 +1,11 @@
 from django.urls import path
 
-from couponcenter.api import auth, claims, coupons
+from couponcenter.api import accounts, auth, claims, coupons
 from couponcenter.core.api import converters  # noqa: F401  (registers the "id" path converter)
 
 urlpatterns = [
     path("auth/token/", auth.TokenApi.as_view(), name="api-token"),
+    path("accounts/", accounts.AccountApi.as_view(), name="account-ensure"),
     path("coupons/", coupons.CouponListApi.as_view(), name="coupon-list"),
     path("coupons/<id:coupon_id>/", coupons.CouponDetailApi.as_view(), name="coupon-detail"),
     path("coupons/<id:coupon_id>/cancel/", coupons.CouponCancelApi.as_view(), name="coupon-cancel"),

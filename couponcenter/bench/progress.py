@@ -13,13 +13,14 @@ Progress = Callable[[str, int, int], None]
 
 @contextmanager
 def progress_bars(stream: TextIO) -> Iterator[Progress]:
-    """``progress(what, done, total)``: a bar per ``what`` on ``stream``, all closed at the end."""
+    """``progress(what, done, total)``: a bar per ``what`` on ``stream``, all closed at the end;
+    none when ``stream`` is not a terminal (a pipe or a log file gets no control codes)."""
     bars: dict[str, tqdm] = {}
 
     def progress(what: str, done: int, total: int) -> None:
         bar = bars.get(what)
         if bar is None:
-            bar = bars[what] = tqdm(total=total, desc=what, file=stream, leave=False)
+            bar = bars[what] = tqdm(total=total, desc=what, file=stream, leave=False, disable=None)
         bar.update(done - bar.n)
 
     try:

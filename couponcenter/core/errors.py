@@ -6,7 +6,10 @@ class BusinessError(Exception):
 
     code = "refused"
 
-    def __init__(self, code: str | None = None, message: str = "") -> None:
+    def __init__(self, code: str | None = None, message: str = "", **extra: object) -> None:
+        """``extra``: what a client needs to act on the refusal (e.g. ``opens_at``), answered
+        beside ``code`` and ``detail``."""
         self.code = code or self.code
         self.message = message or self.code.replace("_", " ")
+        self.extra = extra
         super().__init__(self.message)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from couponcenter.core.api.errors import error_responses
+from couponcenter.core.api.fields import IsoDurationModelSerializer
 from couponcenter.core.api.permissions import IsStaff
 from couponcenter.ops import overview
 from expiry import selectors as expiry_selectors
@@ -63,6 +64,12 @@ class WorkerSerializer(serializers.Serializer):
 class BacklogApi(APIView):
     permission_classes = [IsStaff]
 
+    class FilterSerializer(_SlotCheck, serializers.Serializer):
+        class Meta:
+            ref_name = "BacklogFilter"
+
+        topic = _topic_field(required=False, help_text="Only this topic (unknown: 400).")
+
     class SlotSerializer(serializers.Serializer):
         slot = serializers.IntegerField()
         store = serializers.IntegerField()
@@ -95,11 +102,13 @@ class BacklogApi(APIView):
     @extend_schema(
         operation_id="ops_backlog",
         summary="Backlog per topic and slot, lateness, workers and the expiry sweeper",
-        parameters=[OpenApiParameter("topic", str, description="Only this topic.")],
-        responses={200: OutputSerializer, **error_responses(403)},
+        parameters=[FilterSerializer],
+        responses={200: OutputSerializer, **error_responses(400, 403)},
     )
     def get(self, request: Request) -> Response:
-        topic = request.query_params.get("topic") or None
+        f = self.FilterSerializer(data=request.query_params)
+        f.is_valid(raise_exception=True)
+        topic = f.validated_data.get("topic")
         live = reminder_settings_get(fresh=True)
         data = queues.backlog(topic=topic)
         p99 = queues.recent_p99_ms(queues.throughput(minutes=queues.RECENT_MINUTES))
@@ -231,14 +240,14 @@ class DeadLetterRequeueApi(APIView):
         return Response(self.OutputSerializer(result).data)
 
 
-class ReminderSettingsSerializer(serializers.ModelSerializer):
+class ReminderSettingsSerializer(IsoDurationModelSerializer):
     class Meta:
         model = ReminderSettings
         exclude = ["id"]
         read_only_fields = ["version", "updated_at"]
 
 
-class ExpirySettingsSerializer(serializers.ModelSerializer):
+class ExpirySettingsSerializer(IsoDurationModelSerializer):
     class Meta:
         model = ExpirySettings
         fields = ["batch_size", "interval", "retention", "updated_at"]

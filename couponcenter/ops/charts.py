@@ -33,20 +33,53 @@ def _label(value: float) -> str:
     return f"{value:g}"
 
 
+# A duration axis's unit: the first whose upper limit (ms) is above the value.
+_DURATION_UNITS = ((1000, 1, "ms"), (120_000, 1000, "s"), (7_200_000, 60_000, "min"),
+                   (float("inf"), 3_600_000, "h"))  # fmt: skip
+
+
+def _duration_unit(ms: float) -> tuple[int, str]:
+    return next((size, name) for limit, size, name in _DURATION_UNITS if ms < limit)
+
+
+def duration_label(ms: float, unit_of: float | None = None) -> str:
+    """An axis label for a duration in ms, in the unit that reads best for ``unit_of`` (the axis
+    top; the value itself by default): "0", "250 ms", "1.5 s", "90 s", "2 min", "1.5 h"."""
+    if ms <= 0:
+        return "0"
+    size, name = _duration_unit(ms if unit_of is None else unit_of)
+    return f"{ms / size:.3g} {name}"
+
+
+def _nice_duration_max(ms: float) -> float:
+    """A round top for a duration axis, round in the unit its labels use."""
+    if ms <= 0:
+        return 1
+    size, _ = _duration_unit(ms)
+    return _nice_max(ms / size) * size
+
+
 def line_chart(
     rows: Sequence[dict],
     lines: Sequence[tuple[str, str, str]],
     *,
     title: str,
     unit: str = "",
+    durations: bool = False,
+    stamp_format: str = "%H:%M",
+    under_first: bool = False,
 ) -> SafeString:
     """``rows`` oldest first, each with ``minute`` (epoch s) and the ``lines`` keys.
 
-    ``lines`` are (key, label, colour). Missing values (None) break the line.
+    ``lines`` are (key, label, colour). Missing values (None) break the line. ``durations``: the
+    values are ms, labelled in ms, s, min or h. ``under_first``: the first line is drawn wide and
+    pale beneath the others, so a line that runs on top of it (delivered on dispatched) leaves
+    it visible.
     """
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     values = [row[key] for row in rows for key, _, _ in lines if row.get(key) is not None]
-    top = _nice_max(max(values, default=0))
+    peak = max(values, default=0)
+    top = _nice_duration_max(peak) if durations else _nice_max(peak)
     n = max(len(rows) - 1, 1)
 
     def x(i: int) -> float:
@@ -62,17 +95,21 @@ def line_chart(
         f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="#fafafa"'
         ' stroke="#ddd"/>',
     ]
+
+    def axis_label(value: float) -> str:
+        return duration_label(value, top) if durations else f"{_label(value)}{unit}"
+
     for frac in (0, 0.5, 1):
         gy = y(top * frac)
         parts.append(
             f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{gy:.1f}" y2="{gy:.1f}" stroke="#e5e5e5"/>'
             f'<text x="{LEFT - 4}" y="{gy + 4:.1f}" text-anchor="end" font-size="10"'
-            f' fill="#666">{_label(top * frac)}{escape(unit)}</text>'
+            f' fill="#666" class="cc-axis">{escape(axis_label(top * frac))}</text>'
         )
     if rows:
         last = len(rows) - 1
         for i in (0, len(rows) // 2, last):
-            stamp = datetime.fromtimestamp(rows[i]["minute"], tz=UTC).strftime("%H:%M")
+            stamp = datetime.fromtimestamp(rows[i]["minute"], tz=UTC).strftime(stamp_format)
             anchor = "end" if i == last and last else "middle"
             parts.append(
                 f'<text x="{x(i):.1f}" y="{TOP + plot_h + 14}" text-anchor="{anchor}"'
@@ -90,14 +127,19 @@ def line_chart(
             current.append(f"{x(i):.1f},{y(value):.1f}")
         if current:
             segments.append(current)
+        under = under_first and li == 0 and len(lines) > 1
+        width, opacity = ("5", "0.45") if under else ("1.5", "1")
         for seg in segments:
             if len(seg) == 1:
                 cx, cy = seg[0].split(",")
-                parts.append(f'<circle cx="{cx}" cy="{cy}" r="2" fill="{colour}"/>')
+                radius = 3.5 if under else 2
+                parts.append(f'<circle cx="{cx}" cy="{cy}" r="{radius}" fill="{colour}"'
+                             f' fill-opacity="{opacity}" data-line="{escape(key)}"/>')  # fmt: skip
             else:
                 parts.append(
-                    f'<polyline fill="none" stroke="{colour}" stroke-width="1.5"'
-                    f' points="{" ".join(seg)}"/>'
+                    f'<polyline fill="none" stroke="{colour}" stroke-width="{width}"'
+                    f' stroke-opacity="{opacity}" stroke-linejoin="round"'
+                    f' data-line="{escape(key)}" points="{" ".join(seg)}"/>'
                 )
         lx = LEFT + li * 110
         parts.append(

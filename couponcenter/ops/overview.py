@@ -11,20 +11,27 @@ from axes.models import AccessAttempt
 from django.conf import settings
 from django.utils import timezone
 
+from couponcenter.core.humanize import ms_age
 from expiry import selectors as expiry_selectors
 from reminders.members import is_reminder_topic
 from reminders.models import ReminderSettings
 from reminders.selectors import reminder_settings_get
 from reminders.selectors.queues import (
+    DUE_SOON_STEP_MIN,
     RECENT_MINUTES,
     Backlog,
     backlog,
+    due_soon,
     now_ms,
-    recent_p99_ms,
+    recent_lateness,
     throughput,
     timeout_topic_rows,
     workers,
 )
+
+# The charts' ranges: (minutes shown, seconds per point).
+RANGES = {"5m": (5, 60), "1h": (60, 60), "24h": (24 * 60, 3600)}
+DEFAULT_RANGE = "1h"
 
 # --- the overview page ---------------------------------------------------------------------------
 
@@ -38,8 +45,8 @@ def warnings(*, data: Backlog, p99_ms: int | None, live: ReminderSettings) -> li
         )
     if p99_ms is not None and p99_ms > live.lateness_warning_ms:
         out.append(
-            f"p99 delivery lateness is {p99_ms:,} ms over the last {RECENT_MINUTES} minutes "
-            f"(warning threshold {live.lateness_warning_ms:,} ms)."
+            f"p99 delivery lateness is {ms_age(p99_ms)} over the last {RECENT_MINUTES} minutes "
+            f"(warning threshold {ms_age(live.lateness_warning_ms)})."
         )
     return out
 
@@ -53,22 +60,36 @@ def lockouts() -> list[dict]:
     return list(rows.values("username", "ip_address", "failures_since_start", "attempt_time")[:50])
 
 
-def overview() -> dict:
-    """Everything the overview page shows, read once."""
+def overview(chart_range: str = DEFAULT_RANGE) -> dict:
+    """Everything the overview page shows, read once; the charts over ``chart_range`` (a key of
+    ``RANGES``), the tables over the last hour."""
+    minutes, step_s = RANGES[chart_range]
     live = reminder_settings_get(fresh=True)
     at_ms = now_ms()
     data = backlog(at_ms=at_ms)
     series = throughput()
-    p99 = recent_p99_ms({t: rows for t, rows in series.items() if is_reminder_topic(t)})
+    if step_s == 60:
+        chart_series = {topic: rows[-minutes:] for topic, rows in series.items()}
+    else:
+        chart_series = throughput(minutes=minutes, step_s=step_s)
+    lateness = recent_lateness({t: rows for t, rows in series.items() if is_reminder_topic(t)})
+    p99 = lateness.p99_ms
     expiry = expiry_selectors.expiry_stats()
     return {
         "settings": live,
         "backlog": data,
-        "series": series,
+        "series": chart_series,
+        "chart_range": chart_range,
+        "chart_step_s": step_s,
+        "lateness": lateness,
         "p99_ms": p99,
         "workers": workers(at_ms=at_ms, live=live),
         "expiry": expiry,
         "warnings": warnings(data=data, p99_ms=p99, live=live),
         "lockouts": lockouts(),
         "timeout_topics": timeout_topic_rows(data=data, series=series, at_ms=at_ms),
+        "due_soon": due_soon(at_ms=at_ms),
+        "due_soon_labels": [
+            f"{i * DUE_SOON_STEP_MIN}-{(i + 1) * DUE_SOON_STEP_MIN} min" for i in range(6)
+        ],
     }

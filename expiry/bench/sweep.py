@@ -155,7 +155,7 @@ SELECT id, %(due)s, 'pending', %(claimed)s, %(claimed)s FROM uc
 def bench_data_load(*, coupon: Coupon, count: int, progress: bool = True) -> None:
     """N unused user coupons of ``coupon``, each with a task due at ``BENCH_DUE``."""
     claimed = BENCH_DUE - timedelta(days=1)
-    with tqdm(total=count, desc="load", unit="row", disable=not progress) as bar:
+    with tqdm(total=count, desc="load", unit="row", disable=None if progress else True) as bar:
         for lo in range(1, count + 1, LOAD_CHUNK):
             hi = min(lo + LOAD_CHUNK - 1, count)
             with transaction.atomic(), connection.cursor() as cursor:
@@ -195,7 +195,9 @@ def bench_data_delete(*, progress: bool = False) -> None:
     for coupon_id in Coupon.objects.filter(name=BENCH_COUPON_NAME).values_list("pk", flat=True):
         claims = UserCoupon.objects.filter(coupon_id=coupon_id)
         span = claims.aggregate(lo=Min("pk"), hi=Max("pk"), n=Count("pk"))
-        with tqdm(total=span["n"], desc="delete", unit="row", disable=not progress) as bar:
+        with tqdm(
+            total=span["n"], desc="delete", unit="row", disable=None if progress else True
+        ) as bar:
             for lo in range(span["lo"] or 0, (span["hi"] or -1) + 1, DELETE_CHUNK):
                 params = [coupon_id, lo, lo + DELETE_CHUNK - 1]
                 with transaction.atomic(), connection.cursor() as cursor:

@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 
+from couponcenter.core.durations import ISO_DURATION_ADMIN
 from reminders import services
 from reminders.models import ReminderSettings
 from reminders.selectors import queues, reminder_settings_get
@@ -13,6 +14,7 @@ from reminders.selectors import queues, reminder_settings_get
 
 @admin.register(ReminderSettings)
 class ReminderSettingsAdmin(admin.ModelAdmin):
+    formfield_overrides = ISO_DURATION_ADMIN
     list_display = ["__str__", "slots", "batch_size", "tick_interval_ms", "paused", "gateway",
                     "updated_at"]  # fmt: skip
     readonly_fields = ["version", "updated_at"]
@@ -21,6 +23,7 @@ class ReminderSettingsAdmin(admin.ModelAdmin):
         ("Delivery", {"fields": ["gateway", "prestage_ms", "visibility_timeout_ms", "max_attempts",
                                  "backoff_ms", "merge_window_ms", "late_policy", "late_limit",
                                  "max_delivery_queue"]}),
+        ("Notification policy (article 002)", {"fields": ["push_cap_per_day", "over_cap"]}),
         ("Console warnings", {"fields": ["backlog_warning", "lateness_warning_ms"]}),
         ("Version", {"fields": ["version", "updated_at"]}),
     ]  # fmt: skip

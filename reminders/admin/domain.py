@@ -4,10 +4,15 @@ searches that use an index, and no filter that lists a big related table."""
 
 from django import forms
 from django.contrib import admin, messages
+from django.template.response import TemplateResponse
+from django.utils.html import format_html, format_html_join
 
 from couponcenter.core.admin import EstimatedCountPaginator, exact_id
 from couponcenter.core.errors import BusinessError
+from couponcenter.core.humanize import when
+from reminders.engine import queue
 from reminders.models import Notification, ReminderSubscription, TimeoutJob
+from reminders.selectors.queues import ms_to_datetime
 from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
 from reminders.services import timeout_job_cancel, timeout_job_ensure, timeout_job_reschedule
 from reminders.services.dead_letters import dead_letters_requeue
@@ -36,11 +41,14 @@ class TimeoutJobAdmin(admin.ModelAdmin):
     fields (slot, status, attempts) are never edited by hand."""
 
     form = TimeoutJobForm
-    list_display = ["job_id", "topic", "biz_type", "biz_id", "status", "action_time", "slot",
-                    "attempts", "last_error"]  # fmt: skip
+    list_display = ["job_id", "topic", "business_key", "status", "action_time", "attempts",
+                    "error"]  # fmt: skip
     list_filter = ["status", "topic"]
     search_fields = ["=job_id", "=biz_id"]
-    search_help_text = "Exact job id, business id, or business key as type:id (order:123)."
+    search_help_text = (
+        "Exact job id, business id, business key as type:id (order:123), or error:<text> "
+        "(dead jobs whose last error contains it)."
+    )
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     list_per_page = 50
@@ -48,16 +56,60 @@ class TimeoutJobAdmin(admin.ModelAdmin):
     ENGINE_FIELDS = ["job_id", "status", "slot", "attempts", "last_error", "gmt_create",
                      "gmt_modified"]  # fmt: skip
 
+    DETAIL_FIELDS = ["place_in_redis", "attempt_history"]
+
+    @admin.display(description="business key", ordering="biz_id")
+    def business_key(self, obj):
+        return f"{obj.biz_type}:{obj.biz_id}"
+
+    @admin.display(description="last error")
+    def error(self, obj):
+        return (obj.last_error[:80] + "…") if len(obj.last_error) > 80 else obj.last_error
+
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return self.ENGINE_FIELDS
-        fixed = [*self.ENGINE_FIELDS, "topic", "biz_type", "biz_id", "attribute"]
+        fixed = [*self.ENGINE_FIELDS, *self.DETAIL_FIELDS, "topic", "biz_type", "biz_id",
+                 "attribute"]  # fmt: skip
         if obj.status != TimeoutJob.Status.PENDING:  # fired, firing or cancelled: history
             fixed.append("action_time")
         return fixed
 
     def get_fields(self, request, obj=None):
-        return ["topic", "biz_type", "biz_id", "action_time", "attribute", *self.ENGINE_FIELDS]
+        detail = self.DETAIL_FIELDS if obj is not None else []
+        return ["topic", "biz_type", "biz_id", "action_time", "attribute", *self.ENGINE_FIELDS,
+                *detail]  # fmt: skip
+
+    @admin.display(description="Place in Redis")
+    def place_in_redis(self, obj):
+        """Where the engine holds the job now, read live from its slot."""
+        try:
+            where = queue.place(obj.topic, obj.slot, str(obj.pk))
+        except Exception as exc:  # noqa: BLE001 - the page still shows the row
+            return f"unknown: Redis did not answer ({exc.__class__.__name__})"
+        if where.at_ms is None:
+            return f"absent from {obj.topic} slot {obj.slot} (fired, cancelled, or not indexed)"
+        at = ms_to_datetime(where.at_ms)
+        label = {"scheduled": "due", "in flight": "visible again", "dead": "died"}[where.where]
+        return format_html(
+            '<span id="tj-place">{}</span> in {} slot {}: {} {}', where.where, obj.topic,
+            obj.slot, label, when(at),
+        )  # fmt: skip
+
+    @admin.display(description="Attempts")
+    def attempt_history(self, obj):
+        entries = obj.history or []
+        if not entries:
+            return "none settled yet"
+        rows = format_html_join(
+            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            ((e.get("attempt"), when(e.get("at")), e.get("outcome"), e.get("error") or "")
+             for e in entries),
+        )  # fmt: skip
+        return format_html(
+            '<table id="tj-history"><thead><tr><th>Attempt</th><th>Settled</th><th>Outcome</th>'
+            "<th>Error</th></tr></thead><tbody>{}</tbody></table>", rows,
+        )  # fmt: skip
 
     def save_model(self, request, obj, form, change):
         if not change:
@@ -79,8 +131,26 @@ class TimeoutJobAdmin(admin.ModelAdmin):
     def save_related(self, request, form, formsets, change):
         pass  # no related objects, and nothing may be saved around the services
 
+    def _confirmed(self, request, queryset, action: str, label: str):
+        """None once the operator confirmed; else the confirmation page (what it will touch)."""
+        if request.POST.get("post") == "yes":
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Are you sure?", "action": action, "action_label": label,
+            "count": queryset.count(), "cap": CANCEL_CAP,
+            "sample": list(queryset.order_by("pk")[:20]),
+            "select_across": request.POST.get("select_across") == "1",
+            "selected": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME),
+            "back": request.get_full_path(),
+        }  # fmt: skip
+        return TemplateResponse(request, "admin/reminders/timeoutjob/confirm_action.html", context)
+
     @admin.action(description="Cancel the selected pending jobs", permissions=["change"])
     def cancel_jobs(self, request, queryset):
+        page = self._confirmed(request, queryset, "cancel_jobs", "Cancel pending jobs")
+        if page is not None:
+            return page
         cancelled, left = 0, 0
         for job in queryset.order_by("pk")[:CANCEL_CAP]:
             try:
@@ -94,9 +164,12 @@ class TimeoutJobAdmin(admin.ModelAdmin):
             + (f" (at most {CANCEL_CAP:,} per action)." if cancelled + left >= CANCEL_CAP else "."),
         )
 
-    @admin.action(description="Requeue the selected dead jobs")
+    @admin.action(description="Requeue the selected dead jobs", permissions=["change"])
     def requeue_dead_jobs(self, request, queryset):
         """Through the dead-letter service (rows, then the engine's dead queue), per slot."""
+        page = self._confirmed(request, queryset, "requeue_dead_jobs", "Requeue dead jobs")
+        if page is not None:
+            return page
         by_slot: dict[tuple[str, int], list[str]] = {}
         dead = queryset.filter(status=TimeoutJob.Status.DEAD).order_by("pk")[:CANCEL_CAP]
         for pk, topic, slot in dead.values_list("pk", "topic", "slot"):
@@ -117,6 +190,9 @@ class TimeoutJobAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
+        if term.startswith("error:"):  # the dead ones' error text (few rows: dead only)
+            text = term.removeprefix("error:").strip()
+            return queryset.filter(status=TimeoutJob.Status.DEAD, last_error__icontains=text), False
         if ":" in term and exact_id(term) is None:  # "order:123": a business key
             biz_type, _, biz_id = term.partition(":")
             return queryset.filter(biz_type=biz_type, biz_id=biz_id), False
@@ -148,8 +224,8 @@ class ReminderSubscriptionAdmin(admin.ModelAdmin):
 
 @admin.register(Notification)
 class NotificationAdmin(admin.ModelAdmin):
-    list_display = ["id", "user_id", "kind", "title", "created_at", "read_at"]
-    list_filter = ["kind"]
+    list_display = ["id", "user_id", "kind", "title", "visible_at", "push", "held", "read_at"]
+    list_filter = ["kind", "push", "held"]
     search_fields = ["=user_id"]
     search_help_text = "Exact end-user id."
     show_full_result_count = False

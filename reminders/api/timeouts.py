@@ -26,6 +26,7 @@ ATTRIBUTE_MAX_CHARS = 16_000
 DUPLICATE = conflict_serializer("TimeoutJobConflict", ["duplicate"])
 NOT_PENDING = conflict_serializer("TimeoutJobCancelConflict", ["not_pending"])
 STATUS_NAMES = {choice.label.lower(): choice.value for choice in TimeoutJob.Status}
+NAME_OF_STATUS = {value: name for name, value in STATUS_NAMES.items()}
 
 
 class CanManageTimeouts(BasePermission):
@@ -40,9 +41,17 @@ class CanManageTimeouts(BasePermission):
         )
 
 
+class _StatusName(serializers.ChoiceField):
+    """The status as the same lower-case name the list's ``status`` filter takes (an enum in the
+    schema); ``status_code`` keeps the number."""
+
+    def to_representation(self, value: int) -> str:
+        return NAME_OF_STATUS[value]
+
+
 class TimeoutJobOutputSerializer(serializers.ModelSerializer):
-    status = serializers.CharField(source="get_status_display")
-    status_code = serializers.IntegerField(source="status")
+    status = _StatusName(choices=sorted(STATUS_NAMES), read_only=True)
+    status_code = serializers.IntegerField(source="status", read_only=True)
 
     class Meta:
         model = TimeoutJob

@@ -29,4 +29,14 @@ urlpatterns = [
         notifications.NotificationListApi.as_view(),
         name="user-notification-list",
     ),
+    path(
+        "users/<id:user_id>/notifications/read/",
+        notifications.NotificationReadAllApi.as_view(),
+        name="user-notification-read-all",
+    ),
+    path(
+        "users/<id:user_id>/notifications/<id:notification_id>/read/",
+        notifications.NotificationReadApi.as_view(),
+        name="user-notification-read",
+    ),
 ]

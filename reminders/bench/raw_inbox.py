@@ -58,15 +58,16 @@ def _write(batch: list[int]) -> int:
         )
         rows = [
             (user, f"reminder:{pk}", "coupon_reminder", "Coupon opens in 1 minute", "Coupon",
-             json.dumps({"coupons": [{"id": coupon}], "subscriptions": [pk]}), now, now)
+             json.dumps({"coupons": [{"id": coupon}], "subscriptions": [pk]}), now, now, True,
+             False)
             for pk, user, coupon in cursor.fetchall()
         ]  # fmt: skip
         for first in range(0, len(rows), INSERT_CHUNK):
             chunk = rows[first : first + INSERT_CHUNK]
-            values = ",".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
+            values = ",".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
             cursor.execute(
                 f"INSERT INTO {INBOX} (user_id, dedup_key, kind, title, body, payload, "
-                f"created_at, visible_at) VALUES {values} "
+                f"created_at, visible_at, push, held) VALUES {values} "
                 "ON CONFLICT (user_id, dedup_key) DO NOTHING",
                 [value for row in chunk for value in row],
             )

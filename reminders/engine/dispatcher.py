@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import redis
+
 from . import leases, queue
 from .connection import Client
 from .scripts import Claimed, LeaseLost
@@ -471,6 +473,11 @@ class Dispatcher:
             leases.release_singleton("reaper", self.worker_id, client=self.client)
             leases.release_singleton("housekeeping", self.worker_id, client=self.client)
             leases.deregister(self.worker_id, client=self.client)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # Redis went first (an embedded one stops with everything else): nothing to hand
+            # over in it, and nothing to say at length.
+            log.warning("worker %s: Redis is gone (%s); its leases lapse on their own",
+                        self.worker_id, exc.__class__.__name__)  # fmt: skip
         except Exception:
             log.exception("worker %s: clean shutdown failed; leases will expire", self.worker_id)
         log.info("worker %s stopped", self.worker_id)

@@ -399,3 +399,42 @@ def prune_layouts(topic: str, current: int, *, client: Client | None = None) -> 
             client.srem(keys.layouts(topic), n)
             gone.append(n)
     return gone
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one job is in its slot now: ``where`` is ``scheduled`` (store; ``at_ms`` its due
+    time), ``in flight`` (prepare; ``at_ms`` when its visibility runs out), ``dead`` (``at_ms``
+    when it died) or ``absent`` (fired and acknowledged, cancelled, or not indexed yet)."""
+
+    where: str
+    at_ms: int | None
+
+
+def place(topic: str, slot: int, job_id: str, *, client: Client | None = None) -> Place:
+    k = slot_keys(topic, slot)
+    pipe = connection.client(client).pipeline(transaction=False)
+    pipe.zscore(k.store, job_id)
+    pipe.zscore(k.prepare, job_id)
+    pipe.zscore(k.dead, job_id)
+    for where, score in zip(("scheduled", "in flight", "dead"), pipe.execute(), strict=True):
+        if score is not None:
+            return Place(where, int(score))
+    return Place("absent", None)
+
+
+def due_between(
+    topic: str, slots: range | list[int], start_ms: int, bounds_ms: list[int],
+    *, client: Client | None = None,
+) -> list[int]:  # fmt: skip
+    """How many scheduled entries fall due in each window [previous bound, bound) from
+    ``start_ms`` on, over ``slots``: one pipeline of ZCOUNTs."""
+    pipe = connection.client(client).pipeline(transaction=False)
+    edges = [start_ms, *bounds_ms]
+    for slot in slots:
+        store = slot_keys(topic, slot).store
+        for low, high in zip(edges, edges[1:], strict=False):
+            pipe.zcount(store, low, f"({high}")
+    counts = pipe.execute()
+    windows = len(bounds_ms)
+    return [sum(counts[i::windows]) for i in range(windows)]

@@ -22,6 +22,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from couponcenter.core import tracing
 from couponcenter.core.db.times import aware_time, db_time
 from couponcenter.core.webhooks import post_signed
 from reminders import metrics
@@ -87,7 +88,7 @@ def _take(due: dict[int, Claimed]) -> list[TimeoutJob]:
     if not due:
         return []
     fields = ["job_id", "topic", "biz_type", "biz_id", "action_time", "attribute", "slot",
-              "attempts", "recurrence", "series_start"]  # fmt: skip
+              "attempts", "recurrence", "series_start", "traceparent"]  # fmt: skip
     by_attempt: dict[int, list[int]] = defaultdict(list)
     for pk, entry in due.items():
         by_attempt[entry.attempt].append(pk)
@@ -122,19 +123,34 @@ def _take(due: dict[int, Claimed]) -> list[TimeoutJob]:
     return sorted(jobs, key=lambda job: order[job.pk])
 
 
-def _settle_rows(job_ids: list[int], attempt: int, **sets: Any) -> set[int]:
-    """``UPDATE ... SET <sets>`` the rows still running under ``attempt``; returns their ids."""
+def _settle_rows(
+    job_ids: list[int], attempt: int, *, outcome: str, error: str | None = None, **sets: Any
+) -> set[int]:
+    """``UPDATE ... SET <sets>`` the rows still running under ``attempt``, appending the attempt
+    to their ``history``; returns their ids."""
     if not job_ids:
         return set()
     columns = ", ".join(f"{name} = %s" for name in sets)
+    append = _HISTORY_APPEND[connection.vendor == "postgresql"]
+    now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {TABLE} SET {columns}, gmt_modified = %s "
+            f"UPDATE {TABLE} SET {columns}, gmt_modified = %s, history = {append} "
             f"WHERE job_id IN ({','.join(['%s'] * len(job_ids))}) AND status = %s "
             "AND attempts = %s RETURNING job_id",
-            [*sets.values(), db_time(timezone.now()), *job_ids, Status.RUNNING, attempt],
-        )
+            [*sets.values(), db_time(now), attempt, now.isoformat(), outcome, error or "",
+             *job_ids, Status.RUNNING, attempt],
+        )  # fmt: skip
         return {row[0] for row in cursor.fetchall()}
+
+
+# history || [{"attempt", "at", "outcome", "error"}], per database (False: SQLite's JSON1).
+_HISTORY_APPEND = {
+    True: "COALESCE(history, '[]'::jsonb) || jsonb_build_array(jsonb_build_object("
+    "'attempt', %s::int, 'at', %s::text, 'outcome', %s::text, 'error', %s::text))",
+    False: "json_insert(COALESCE(history, '[]'), '$[#]', json_object("
+    "'attempt', %s, 'at', %s, 'outcome', %s, 'error', %s))",
+}
 
 
 def settle_fired(spec: TimeoutTopicSpec, fired: list[Fired]) -> dict[str, int]:
@@ -149,11 +165,12 @@ def settle_fired(spec: TimeoutTopicSpec, fired: list[Fired]) -> dict[str, int]:
     with transaction.atomic():
         for (attempt, error), job_ids in by_outcome.items():
             if error is None:
-                rows = _settle_rows(job_ids, attempt, status=Status.PROCESSED)
+                rows = _settle_rows(job_ids, attempt, outcome="fired", status=Status.PROCESSED)
                 final |= rows
             else:
                 dead = attempt >= spec.max_attempts
-                rows = _settle_rows(job_ids, attempt, last_error=error,
+                rows = _settle_rows(job_ids, attempt, outcome="dead" if dead else "failed",
+                                    error=error, last_error=error,
                                     status=Status.DEAD if dead else Status.PENDING)  # fmt: skip
                 final |= rows if dead else set()
             settled |= rows
@@ -200,7 +217,21 @@ def settle_fired(spec: TimeoutTopicSpec, fired: list[Fired]) -> dict[str, int]:
         {"delivered": len(ok), "failed": len(failed) - len(dead), "dead": len(dead)},
         [max(0, f.fired_ms - queue_epoch_ms(f.job.action_time)) for f in ok],
     )
+    if tracing.enabled():
+        _trace_fired(spec, fired, dead={f.job.pk for f in dead})
     return {"acked": len(ok), "retried": len(failed) - len(dead), "dead": len(dead)}
+
+
+def _trace_fired(spec: TimeoutTopicSpec, fired: list[Fired], *, dead: set[int]) -> None:
+    """Each job that carries its scheduling call's trace gets a span there: due time to now."""
+    for f in fired:
+        outcome = "fired" if f.error is None else ("dead" if f.job.pk in dead else "retried")
+        tracing.end_job_span(
+            "timeout.fire", f.job.traceparent, due=f.job.action_time, outcome=outcome,
+            attributes={"couponcenter.topic": spec.name, "couponcenter.job_id": f.job.pk,
+                        "couponcenter.attempt": f.attempt, "couponcenter.topic_type": spec.type,
+                        "couponcenter.error": f.error or ""},
+        )  # fmt: skip
 
 
 def job_payload(job: TimeoutJob) -> dict[str, Any]:
@@ -227,7 +258,9 @@ def fire_jobs(
     """
     if spec.type == "log":
         for job in jobs:
-            logger.info("timeout fired", extra=job_payload(job))
+            logger.info("timeout fired: %s %s:%s (job %s, due %s)", job.topic, job.biz_type,
+                        job.biz_id, job.pk, job.action_time.isoformat(),
+                        extra=job_payload(job))  # fmt: skip
         return {}
     if spec.type == "callable":
         answer = import_string(spec.path)(jobs) or {}

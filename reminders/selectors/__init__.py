@@ -67,11 +67,13 @@ def subscription_list(*, user_id: int):
     )
 
 
-def notification_list(*, user_id: int, now: datetime | None = None):
-    """A user's inbox: what is visible by ``now`` (a pre-staged reminder shows at its due time)."""
-    return Notification.objects.filter(
-        user_id=user_id, visible_at__lte=now or timezone.now()
-    ).order_by("-visible_at", "-id")
+def notification_list(*, user_id: int, now: datetime | None = None, unread: bool = False):
+    """A user's inbox: what is visible by ``now`` (a pre-staged reminder shows at its due time);
+    ``unread``: only what was not marked read."""
+    rows = Notification.objects.filter(user_id=user_id, visible_at__lte=now or timezone.now())
+    if unread:
+        rows = rows.filter(read_at__isnull=True)
+    return rows.order_by("-visible_at", "-id")
 
 
 def subscription_scheduled_count(*, coupon_id: int) -> int:

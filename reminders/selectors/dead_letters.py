@@ -17,6 +17,7 @@ from reminders.selectors.queues import ms_to_datetime, topic_slot_counts
 
 DEAD_PAGE_MAX_OFFSET = 10_000  # deeper pages of the dead list would read too much per slot
 SEARCH_SCAN_COUNT = 1000
+ERROR_SEARCH_PER_SLOT = 2000  # newest dead letters per slot an error-text search reads
 
 
 def dead_letter_key(topic: str, slot: int, job_id: str) -> str:
@@ -97,7 +98,9 @@ def dead_letter_list(
 
 
 def dead_letter_search(term: str, *, pairs: list[tuple[str, int]]) -> list[DeadLetter]:
-    """Dead letters whose job id (or subscription id) or end-user id is ``term``."""
+    """Dead letters whose job id (or subscription id) or end-user id is ``term``, whose business
+    key is ``term`` (``order:123``), or whose last error contains the text after ``error:``
+    (the newest ``ERROR_SEARCH_PER_SLOT`` of each slot are read)."""
     wanted = set(pairs)
     topics = {name for name, _ in pairs}
     candidates: dict[tuple[str, int], set[str]] = {}
@@ -106,6 +109,18 @@ def dead_letter_search(term: str, *, pairs: list[tuple[str, int]]) -> list[DeadL
         if (topic, slot) in wanted:
             candidates.setdefault((topic, slot), set()).add(job_id)
 
+    if term.lower().startswith("error:"):
+        text = term[len("error:") :].strip().lower()
+        for name, s in pairs:
+            for entry in queue.list_dead(name, s, limit=ERROR_SEARCH_PER_SLOT):
+                if text and text in (entry.last_error or "").lower():
+                    add(name, s, entry.job_id)
+        return _dead_entries(candidates)
+    if term.count(":") == 1:  # a timeout job's business key, type:id
+        biz_type, _, biz_id = term.partition(":")
+        jobs = TimeoutJob.objects.filter(biz_type=biz_type, biz_id=biz_id, topic__in=topics)
+        for job in jobs.values("pk", "topic", "slot")[:100]:
+            add(job["topic"], job["slot"], str(job["pk"]))
     if term.count(":") == 2:  # a whole reminder member
         for name, s in pairs:
             if is_reminder_topic(name):

@@ -113,24 +113,61 @@ def backlog_as_dict(data: Backlog) -> dict:
     }
 
 
+# --- what falls due soon ------------------------------------------------------------------------
+
+DUE_SOON_STEP_MIN = 10
+DUE_SOON_WINDOWS = 6  # the next hour, in 10-minute windows
+
+
+def due_soon(*, at_ms: int | None = None) -> list[dict]:
+    """Per topic: how many scheduled jobs fall due in each of the next hour's 10-minute windows
+    (one pipeline of ZCOUNTs per topic, over every slot still served)."""
+    at_ms = now_ms() if at_ms is None else at_ms
+    step = DUE_SOON_STEP_MIN * 60_000
+    bounds = [at_ms + step * (i + 1) for i in range(DUE_SOON_WINDOWS)]
+    rows = []
+    for topic, slots in topic_slot_counts().items():
+        counts = queue.due_between(topic, range(slots), at_ms, bounds)
+        rows.append({"topic": topic, "windows": counts, "total": sum(counts)})
+    return rows
+
+
 # --- throughput and lateness ---------------------------------------------------------------------
 
 
-def throughput(*, minutes: int = CHART_MINUTES, now: float | None = None) -> dict[str, list[dict]]:
-    """Per topic (the reminders', then the generic ones), per minute (oldest first): counts and
-    lateness p50/p99."""
+def throughput(
+    *, minutes: int = CHART_MINUTES, now: float | None = None, step_s: int = 60
+) -> dict[str, list[dict]]:
+    """Per topic (the reminders', then the generic ones), per period (a minute, or an hour with
+    ``step_s=3600``; oldest first): counts, lateness histogram and p50/p99."""
     names = [*REMINDER_TOPICS, *timeout_topic_specs()]
-    return {topic: metrics.series(topic, minutes=minutes, now=now) for topic in names}
+    return {
+        topic: metrics.series(topic, minutes=minutes, now=now, step_s=step_s) for topic in names
+    }
+
+
+@dataclass(frozen=True)
+class Lateness:
+    """Lateness over a window, from the samples of all its minutes together. The percentiles are
+    interpolated inside a histogram bucket: the true value lies within that bucket's edges."""
+
+    samples: int
+    p50_ms: int | None
+    p99_ms: int | None
+    p99_bucket_ms: tuple[int, int] | None  # (lower, upper) edges around p99
+
+
+def recent_lateness(series: dict[str, list[dict]], *, minutes: int = RECENT_MINUTES) -> Lateness:
+    hist = metrics.merged(row for rows in series.values() for row in rows[-minutes:])
+    p99 = metrics.percentile(hist, 0.99)
+    return Lateness(
+        samples=sum(hist.values()), p50_ms=metrics.percentile(hist, 0.50), p99_ms=p99,
+        p99_bucket_ms=metrics.bucket_bounds(p99) if p99 is not None else None,
+    )  # fmt: skip
 
 
 def recent_p99_ms(series: dict[str, list[dict]], *, minutes: int = RECENT_MINUTES) -> int | None:
-    worst = [
-        row["lateness_p99_ms"]
-        for rows in series.values()
-        for row in rows[-minutes:]
-        if row["lateness_p99_ms"] is not None
-    ]
-    return max(worst) if worst else None
+    return recent_lateness(series, minutes=minutes).p99_ms
 
 
 # --- workers -------------------------------------------------------------------------------------
@@ -234,9 +271,7 @@ def timeout_topic_rows(
             total[1] += capacity
     rows = []
     for name, spec in timeout_topic_specs().items():
-        recent = series.get(name, [])[-RECENT_MINUTES:]
-        p50 = [r["lateness_p50_ms"] for r in recent if r["lateness_p50_ms"] is not None]
-        p99 = [r["lateness_p99_ms"] for r in recent if r["lateness_p99_ms"] is not None]
+        recent = recent_lateness({name: series.get(name, [])})
         hour = {n: sum(r[n] for r in series.get(name, [])) for n in ("delivered", "failed",
                                                                       "dead")}  # fmt: skip
         bucket = rates.state(name) if spec.rate_limit_per_s else None
@@ -245,8 +280,7 @@ def timeout_topic_rows(
             TimeoutTopicRow(
                 name=name, type=spec.type, target=origin(spec.url) if spec.url else spec.target,
                 paused=spec.paused, read_only=spec.read_only, backlog=backlogs.get(name),
-                lateness_p50_ms=max(p50) if p50 else None,
-                lateness_p99_ms=max(p99) if p99 else None, hour=hour,
+                lateness_p50_ms=recent.p50_ms, lateness_p99_ms=recent.p99_ms, hour=hour,
                 rate_limit_per_s=spec.rate_limit_per_s,
                 tokens=bucket.tokens if bucket else None,
                 throttled=bucket.throttled if bucket else 0,

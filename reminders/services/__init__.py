@@ -1,6 +1,7 @@
 """Writes of the reminders app: generic timeout jobs and coupon reminder subscriptions."""
 
 from .config import reminder_settings_save
+from .notifications import notification_mark_read, notifications_mark_all_read
 from .rebuild import queues_pending_counts, queues_rebuild
 from .subscriptions import (
     SubscribeRefused,
@@ -26,6 +27,8 @@ __all__ = [
     "SubscribeRefused",
     "TimeoutJobConflict",
     "TopicInUse",
+    "notification_mark_read",
+    "notifications_mark_all_read",
     "queues_pending_counts",
     "reminder_settings_save",
     "queues_rebuild",

@@ -26,13 +26,14 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from couponcenter.core import tracing
 from couponcenter.core.caching import TTLCache
 from couponcenter.core.db.times import aware_time, db_time
 from couponcenter.models import Coupon
@@ -46,6 +47,7 @@ from reminders.models import ReminderSettings, ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
 from .indexing import REINDEX_CHUNK
+from .push_cap import push_cap_apply
 from .staging import hidden_reminder_notes, notifications_delete
 
 logger = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class Item:
     user_id: int
     remind_at: datetime
     coupon_id: int
+    traceparent: str = ""  # the subscribing call's trace (core.tracing)
 
 
 @dataclass
@@ -78,6 +81,9 @@ class Report:
     failed: list[tuple[str, str]] = field(default_factory=list)
     dead: list[int] = field(default_factory=list)
     dropped: int = 0
+    failed_items: list[Item] = field(default_factory=list)  # for their traces
+    capped: int = 0  # over the per-user push cap: inbox only
+    digested: int = 0  # held notifications folded into a push
 
 
 def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
@@ -87,7 +93,9 @@ def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
     members = list(slot_of)
     attempts = batch.get("attempts") or {}
     redelivered = sum(1 for m in members if attempts.get(m, 1) >= 2)
-    live = reminder_settings_get()
+    # Checked now, not from the process's cache: one small query a batch, and a change of the
+    # policy (the push cap, the late limit) applies from the next batch on.
+    live = reminder_settings_get(fresh=True)
     try:
         gateway = gateway_for(live.gateway)
         if isinstance(gateway, InboxGateway):
@@ -126,7 +134,7 @@ def _claim_rows(sql_where: str, params: list, sub_ids: list[int], sets: str, set
             cursor.execute(
                 f"UPDATE {TABLE} SET {sets} WHERE {sql_where} "
                 f"AND id IN ({','.join(['%s'] * len(chunk))}) "
-                "RETURNING id, user_id, remind_at, coupon_id",
+                "RETURNING id, user_id, remind_at, coupon_id, traceparent",
                 [*set_params, *params, *chunk],
             )
             rows += cursor.fetchall()
@@ -158,7 +166,8 @@ def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings)
                            "ELSE %s END, updated_at = %s",
                            [Status.SENT, *[db_time(now)] * 3])  # fmt: skip
         items = [
-            Item(member_of[pk], pk, user, aware_time(at), coupon) for pk, user, at, coupon in rows
+            Item(member_of[pk], pk, user, aware_time(at), coupon, trace)
+            for pk, user, at, coupon, trace in rows
         ]
         staged = _unstage_mates(items, now, live.merge_window_ms)
         groups = _merge(items + staged, live.merge_window_ms)
@@ -167,7 +176,10 @@ def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings)
             if due > now:
                 group.message.visible_at = due
         if groups:
-            gateway.deliver([g.message for g in groups])
+            messages = [g.message for g in groups]
+            cap = push_cap_apply(messages, live, now)
+            report.capped, report.digested = cap.capped, cap.digested
+            gateway.deliver(messages)
     report.delivered = items
     return report
 
@@ -200,12 +212,12 @@ def _unstage_mates(items: list[Item], now: datetime, window_ms: int) -> list[Ite
             ReminderSubscription.objects.select_for_update()
             .filter(pk__in=ids[start : start + REINDEX_CHUNK], status=Status.SENT, sent_at__gt=now)
             .order_by("pk")
-            .values_list("pk", "user_id", "remind_at", "coupon_id")
+            .values_list("pk", "user_id", "remind_at", "coupon_id", "traceparent")
         )
     notifications_delete(notes)
     return [
-        Item(member_of_sub(pk, user, coupon), pk, user, remind_at, coupon)
-        for pk, user, remind_at, coupon in kept
+        Item(member_of_sub(pk, user, coupon), pk, user, remind_at, coupon, trace)
+        for pk, user, remind_at, coupon, trace in kept
     ]
 
 
@@ -225,12 +237,12 @@ def _deliver_external(
     report, items, too_late = Report(), [], []
     rows = ReminderSubscription.objects.filter(
         pk__in=member_of, status=Status.SCHEDULED
-    ).values_list("pk", "user_id", "remind_at", "coupon_id")
-    for pk, user_id, remind_at, coupon_id in rows:
+    ).values_list("pk", "user_id", "remind_at", "coupon_id", "traceparent")
+    for pk, user_id, remind_at, coupon_id, trace in rows:
         if late is not None and now - remind_at > late:
             too_late.append(pk)
         else:
-            items.append(Item(member_of[pk], pk, user_id, remind_at, coupon_id))
+            items.append(Item(member_of[pk], pk, user_id, remind_at, coupon_id, trace))
     if too_late:
         report.dropped = ReminderSubscription.objects.filter(
             pk__in=too_late, status=Status.SCHEDULED
@@ -242,6 +254,7 @@ def _deliver_external(
             report.delivered += group.items
             continue
         report.failed += [(item.member, result.error) for item in group.items]
+        report.failed_items += group.items
         if max(attempts.get(item.member, 1) for item in group.items) >= live.max_attempts:
             report.dead += [item.sub_id for item in group.items]
     if report.delivered:
@@ -271,11 +284,11 @@ class CouponInfo:
     """What a message says about a coupon, prepared once per coupon, not once per reminder."""
 
     name: str
-    when: str  # "1 minute", "30 s"
+    opens_at: datetime | None
     payload: dict[str, Any]
 
 
-_UNKNOWN = CouponInfo("a coupon", "1 minute", {"id": None, "name": "a coupon"})
+_UNKNOWN = CouponInfo("a coupon", None, {"id": None, "name": "a coupon"})
 
 
 _coupons: TTLCache[int, CouponInfo] = TTLCache(COUPON_TTL_S)
@@ -285,34 +298,38 @@ def _coupon_info(coupon_ids: set[int]) -> dict[int, CouponInfo]:
     """Per coupon, from a short per-process cache (a hot coupon is in every batch)."""
 
     def load(missing: set[int]) -> dict[int, CouponInfo]:
-        rows = Coupon.objects.filter(pk__in=missing).values_list(
-            "pk", "name", "claim_opens_at", "reminder_lead"
-        )
+        rows = Coupon.objects.filter(pk__in=missing).values_list("pk", "name", "claim_opens_at")
         return {
             pk: CouponInfo(
-                name, _when(lead), {"id": pk, "name": name, "claim_opens_at": opens_at.isoformat()}
+                name, opens_at, {"id": pk, "name": name, "claim_opens_at": opens_at.isoformat()}
             )
-            for pk, name, opens_at, lead in rows
+            for pk, name, opens_at in rows
         }
 
     return _coupons.get_many(coupon_ids, load)
 
 
-def _when(lead: timedelta) -> str:
-    seconds = int(lead.total_seconds())
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes = seconds // 60
-    return f"{minutes} minute{'s' if minutes != 1 else ''}"
+def _when(opens_at: datetime | None, now: datetime) -> str:
+    """Words that stay true however late the message is read: the opening as a clock time (the
+    payload carries the exact time for the client's own zone), or that it is open already."""
+    if opens_at is None or opens_at <= now:
+        return "now"
+    local = timezone.localtime(opens_at)
+    day = "" if local.date() == timezone.localtime(now).date() else f"{local:%Y-%m-%d} "
+    return f"at {day}{local:%H:%M} {local.tzname()}"
 
 
 def _message(group: Group, coupons: dict[int, CouponInfo]) -> Message:
     info = [coupons.get(item.coupon_id, _UNKNOWN) for item in group.items]
+    when = _when(min((c.opens_at for c in info if c.opens_at), default=None), timezone.now())
     if len(info) == 1:
-        title, body = f"{info[0].name} opens in {info[0].when}", info[0].name
+        name = info[0].name
+        title = f"{name} is open now" if when == "now" else f"{name} opens {when}"
+        body = name
         sub_ids = [group.items[0].sub_id]
     else:
-        title = f"{len(info)} coupons you follow open in {info[0].when}"
+        title = (f"{len(info)} coupons you follow are open now" if when == "now"
+                 else f"{len(info)} coupons you follow open {when}")  # fmt: skip
         body = ", ".join(c.name for c in info)
         sub_ids = sorted(item.sub_id for item in group.items)
     key = "reminder:" + "-".join(map(str, sub_ids))
@@ -357,12 +374,31 @@ def _settle(
     metrics.record(
         topic,
         {"delivered": len(report.delivered), "failed": len(report.failed) - len(report.dead),
-         "dead": len(report.dead), "dropped": report.dropped},
+         "dead": len(report.dead), "dropped": report.dropped, "capped": report.capped,
+         "digested": report.digested},
         # A staged reminder shows at its due moment: on time, not early.
         [max(0, now_ms - int(item.remind_at.timestamp() * 1000)) for item in report.delivered],
     )  # fmt: skip
+    if tracing.enabled():
+        _trace_delivery(topic, live, report)
     return {"delivered": len(report.delivered), "failed": len(report.failed),
             "dead": len(report.dead), "dropped": report.dropped}  # fmt: skip
+
+
+def _trace_delivery(topic: str, live: ReminderSettings, report: Report) -> None:
+    """Each reminder that carries its subscribing call's trace gets a span there, from its due
+    moment to now, linked to this Celery task's span."""
+    dead = set(report.dead)
+    outcomes = [(item, "delivered") for item in report.delivered] + [
+        (item, "dead" if item.sub_id in dead else "failed") for item in report.failed_items
+    ]
+    for item, outcome in outcomes:
+        tracing.end_job_span(
+            "reminder.deliver", item.traceparent, due=item.remind_at, outcome=outcome,
+            attributes={"couponcenter.topic": topic, "couponcenter.subscription": item.sub_id,
+                        "couponcenter.user_id": item.user_id, "couponcenter.gateway": live.gateway,
+                        "couponcenter.batch": len(report.delivered) + len(report.failed)},
+        )  # fmt: skip
 
 
 def reminders_retry(

@@ -18,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from couponcenter import rules
+from couponcenter.core import tracing
 from couponcenter.core.errors import BusinessError
 from couponcenter.models import Coupon
 from reminders.engine import queue
@@ -60,6 +61,7 @@ def subscription_subscribe(
                 "remind_at": remind_at_for(coupon),
                 "slot": slot_for(user_id, slots),
                 "priority": coupon.reminder_priority,
+                "traceparent": tracing.current_traceparent(),
             },
         )
         if not created and sub.status in (Status.SCHEDULED, Status.SENT):
@@ -70,6 +72,7 @@ def subscription_subscribe(
             sub.status, sub.remind_at = Status.SCHEDULED, remind_at_for(coupon)
             sub.slot, sub.drop_reason, sub.sent_at = slot_for(user_id, slots), "", None
             sub.priority = coupon.reminder_priority
+            sub.traceparent = tracing.current_traceparent()
             sub.save()
         transaction.on_commit(
             lambda: [queue.record_layout(topic, slots) for topic in REMINDER_TOPICS]

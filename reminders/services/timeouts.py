@@ -23,6 +23,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from couponcenter.core import tracing
 from couponcenter.core.errors import BusinessError
 from reminders import recurrence
 from reminders.engine import queue
@@ -83,6 +84,7 @@ def timeout_job_create(
         recurrence=recurrence,
         series_start=action_time if recurrence else None,
         slot=slot_for(slot_basis(spec, biz_type, biz_id, attribute), spec.slots),
+        traceparent=tracing.current_traceparent(),
     )
     try:
         with transaction.atomic():
@@ -191,7 +193,7 @@ def timeout_jobs_bulk_create(
 
 _INSERT_COLUMNS = ("topic", "biz_type", "biz_id", "status", "action_time", "attribute", "slot",
                    "attempts", "last_error", "recurrence", "series_start", "gmt_create",
-                   "gmt_modified")  # fmt: skip
+                   "gmt_modified", "traceparent")  # fmt: skip
 
 
 def _insert_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
@@ -205,6 +207,7 @@ def _insert_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
         return _copy_jobs(jobs, specs)
     adapt = connection.ops.adapt_datetimefield_value  # db_time, looked up once for 10,000 rows
     now = adapt(timezone.now())
+    traced = tracing.current_traceparent()  # the request's, for every job it makes
     rows, made = [], []
     for j in jobs:
         spec, attribute = specs[j["topic"]], j.get("attribute") or {}
@@ -212,7 +215,7 @@ def _insert_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
         slot = slot_for(slot_basis(spec, j["biz_type"], j["biz_id"], attribute), spec.slots)
         rows.append((j["topic"], j["biz_type"], j["biz_id"], Status.PENDING, adapt(at),
                      json.dumps(attribute), slot, 0, "", rule, adapt(at) if rule else None,
-                     now, now))  # fmt: skip
+                     now, now, traced))  # fmt: skip
         made.append(BulkJob(0, j["topic"], j["biz_type"], j["biz_id"], at, slot))
     table = TimeoutJob._meta.db_table
     ids: dict[tuple[str, str, str], int] = {}
@@ -233,6 +236,7 @@ def _insert_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
 def _copy_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
     table = TimeoutJob._meta.db_table
     now = timezone.now().isoformat()
+    traced = tracing.current_traceparent()  # the request's, for every job it makes
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT nextval(pg_get_serial_sequence(%s, 'job_id')) FROM generate_series(1, %s)",
@@ -249,7 +253,7 @@ def _copy_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
                       _copy_text(j["biz_id"]), str(Status.PENDING), when,
                       _copy_text(json.dumps(attribute)) if attribute else "{}", str(slot), "0", "",
                       _copy_text(rule),
-                      when if rule else "\\N", now, now)  # fmt: skip
+                      when if rule else "\\N", now, now, traced)  # fmt: skip
             lines.append("\t".join(fields))
             made.append(BulkJob(pk, j["topic"], j["biz_type"], j["biz_id"], at, slot))
         data = io.StringIO("\n".join(lines) + "\n")

@@ -19,7 +19,7 @@ from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 
 from couponcenter import services
-from reminders.models import TimeoutTopic
+from reminders.models import Notification, TimeoutTopic
 from reminders.services import timeout_job_create, timeout_topic_save
 from tests.couponcenter.conftest import client_with
 from tests.support.factories import CouponFactory, api_user
@@ -61,6 +61,7 @@ TABLE: dict[tuple[str, str], tuple] = {
     ("PATCH", "/api/timeouts/by-key/"): STAFF_ONLY,
     ("GET", "/api/timeouts/{job_id}/"): STAFF_ONLY,
     ("DELETE", "/api/timeouts/{job_id}/"): STAFF_ONLY,
+    ("POST", "/api/accounts/"): STAFF_ONLY,
     ("GET", "/api/timeout-topics/"): STAFF_ONLY,
     ("POST", "/api/timeout-topics/"): STAFF_ONLY,
     ("GET", "/api/timeout-topics/{name}/"): STAFF_ONLY,
@@ -70,6 +71,8 @@ TABLE: dict[tuple[str, str], tuple] = {
     ("POST", "/api/users/{user_id}/coupons/"): FOR_THE_USER,
     ("POST", "/api/users/{user_id}/coupons/{user_coupon_id}/redeem/"): FOR_THE_USER,
     ("GET", "/api/users/{user_id}/notifications/"): FOR_THE_USER,
+    ("POST", "/api/users/{user_id}/notifications/read/"): FOR_THE_USER,
+    ("POST", "/api/users/{user_id}/notifications/{notification_id}/read/"): FOR_THE_USER,
     ("GET", "/api/users/{user_id}/reminders/"): FOR_THE_USER,
     ("PUT", "/api/users/{user_id}/reminders/{coupon_id}/"): FOR_THE_USER,
     ("DELETE", "/api/users/{user_id}/reminders/{coupon_id}/"): FOR_THE_USER,
@@ -126,6 +129,9 @@ def test_permission_matrix(callers, method, path):
                 action_time=timezone.now() + timedelta(hours=1),
             ).pk,
             "name": timeout_topic_save(topic=TimeoutTopic(name=f"perm.{role}"), type="log").name,
+            "notification_id": Notification.objects.create(
+                user_id=user_id, dedup_key=f"perm-{role}-{coupon.pk}"
+            ).pk,
         }  # fmt: skip
         response = callers[role].generic(
             method, fill(path, user_id=user_id, ids=ids), "{}", content_type="application/json"

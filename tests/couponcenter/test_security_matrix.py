@@ -107,12 +107,14 @@ def test_brute_force_sign_in_is_locked_out(surface, settings):
     user.save()
     client = Client(REMOTE_ADDR=unique_address())  # the throttle counters are shared
     url, fields = "/api/auth/token/", {"username": user.username}
+    kind = {"content_type": "application/json"}  # the API reads JSON bodies only
     if surface == "admin":
         url, fields = "/admin/login/", {"username": user.username, "next": "/admin/"}
-    answers = [client.post(url, {**fields, "password": "wrong"}).status_code
+        kind = {}  # the admin's form
+    answers = [client.post(url, {**fields, "password": "wrong"}, **kind).status_code
                for _ in range(settings.AXES_FAILURE_LIMIT + 2)]  # fmt: skip
     assert answers[-1] == 429
-    locked = client.post(url, {**fields, "password": "the-right-one-123"})
+    locked = client.post(url, {**fields, "password": "the-right-one-123"}, **kind)
     assert locked.status_code == 429 and "locked" in locked.content.decode().lower()
 
 

@@ -74,3 +74,17 @@ def test_seed_demo_moves_the_soon_coupon_once_it_opened():
     seed()
     soon.refresh_from_db()
     assert soon.claim_opens_at > timezone.now() + timedelta(minutes=2)
+
+
+def test_a_rerun_says_what_it_did_and_where_the_service_answers():
+    seed()
+    soon = Coupon.objects.get(name="Demo: opens in 3 minutes")
+    ReminderSubscription.objects.filter(coupon=soon, user_id__in=[1001, 2001]).update(
+        status=ReminderSubscription.Status.SENT
+    )
+    out = io.StringIO()
+    call_command("seed_demo", "--url", "http://127.0.0.1:8100/", stdout=out)
+    text = out.getvalue()
+    assert "(0 new): 19 scheduled for" in text and "2 sent on an earlier run" in text, text
+    assert "http://127.0.0.1:8100/api/users/1001/coupons/" in text
+    assert ":8000" not in text

@@ -94,6 +94,16 @@ def test_run_once_sweeps_what_is_due_and_records_the_run_in_redis(redis_prefix):
     assert (last["processed"], last["expired"], last["error"]) == ("5", "5", "")
 
 
+@pytest.mark.django_db
+def test_an_idle_pass_logs_nothing_and_a_busy_one_its_progress(redis_prefix, caplog):
+    with caplog.at_level("INFO", logger="expiry.sweeper"):
+        Sweeper(batch_size=2).run_once()  # nothing due
+        assert not [r for r in caplog.records if "so far" in r.getMessage()]
+        due_tasks(3)
+        Sweeper(batch_size=2).run_once()
+    assert any("tasks processed so far" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_each_pass_reads_the_live_settings():
     due_tasks(4)

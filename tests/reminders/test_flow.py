@@ -6,6 +6,7 @@ import pytest
 from django.utils import timezone
 
 from couponcenter import services as coupon_services
+from couponcenter.models import Coupon
 from reminders.engine import queue
 from reminders.members import REMINDER_TOPIC
 from reminders.models import Notification, ReminderSubscription
@@ -49,6 +50,23 @@ def test_due_reminder_lands_in_inbox_once(eager_celery, reminder_settings):
     ReminderSubscription.objects.filter(pk=sub.pk).update(status="scheduled")
     _drain()
     assert Notification.objects.filter(user_id=7).count() == 1
+
+
+def test_the_wording_stays_true_however_late_it_is_read(eager_celery, reminder_settings):
+    """On time: the opening as a clock time (not "opens in 1 minute", false a minute later);
+    delivered after the opening: it says the coupon is open."""
+    on_time = _coupon(30)
+    subscription_subscribe(user_id=11, coupon=on_time)
+    late = _coupon(30)
+    subscription_subscribe(user_id=12, coupon=late)
+    opened = timezone.now() - timedelta(seconds=5)
+    Coupon.objects.filter(pk=late.pk).update(claim_opens_at=opened)  # the worker was down
+    _drain()
+    local = timezone.localtime(on_time.claim_opens_at)
+    note = Notification.objects.get(user_id=11)
+    assert note.title == f"{on_time.name} opens at {local:%H:%M} {local.tzname()}"
+    assert note.payload["coupons"][0]["claim_opens_at"] == on_time.claim_opens_at.isoformat()
+    assert Notification.objects.get(user_id=12).title == f"{late.name} is open now"
 
 
 def test_future_reminder_waits(eager_celery, reminder_settings):

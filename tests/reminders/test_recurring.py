@@ -175,8 +175,11 @@ def test_the_admin_finds_jobs_by_business_key_and_requeues_dead_ones(
     assert found.status_code == 200 and f">{job.pk}<" in found.content.decode()
     none = client.get("/admin/reminders/timeoutjob/", {"q": "report:nope"})
     assert f">{job.pk}<" not in none.content.decode()
+    error = TimeoutJob.objects.get(pk=job.pk).last_error[:12]
+    by_error = client.get("/admin/reminders/timeoutjob/", {"q": f"error:{error}"})
+    assert f">{job.pk}<" in by_error.content.decode()
     with django_capture_on_commit_callbacks(execute=True):
-        form = {"action": "requeue_dead_jobs", "_selected_action": [job.pk]}
+        form = {"action": "requeue_dead_jobs", "_selected_action": [job.pk], "post": "yes"}
         done = client.post("/admin/reminders/timeoutjob/", form)
     assert done.status_code == 302
     assert TimeoutJob.objects.get(pk=job.pk).status == Status.PENDING

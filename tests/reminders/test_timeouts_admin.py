@@ -82,12 +82,43 @@ def test_the_cancel_action_cancels_through_the_service(admin):
     jobs = [timeout_job_create(topic=TOPIC, biz_type="order", biz_id=f"C-{i}", action_time=WHEN)
             for i in range(3)]  # fmt: skip
     TimeoutJob.objects.filter(pk=jobs[2].pk).update(status=TimeoutJob.Status.RUNNING)
-    response = admin.post(
-        reverse("admin:reminders_timeoutjob_changelist"),
-        {"action": "cancel_jobs", "_selected_action": [j.pk for j in jobs]},
-    )
+    form = {"action": "cancel_jobs", "_selected_action": [j.pk for j in jobs]}
+    url = reverse("admin:reminders_timeoutjob_changelist")
+    confirm = admin.post(url, form)  # first the confirmation page: nothing changes yet
+    assert confirm.status_code == 200
+    assert 'id="tj-confirm-count">3<' in confirm.content.decode()
+    assert TimeoutJob.objects.filter(status=TimeoutJob.Status.PENDING).count() == 2
+    response = admin.post(url, {**form, "post": "yes"})
     assert response.status_code == 302
     statuses = [TimeoutJob.objects.get(pk=j.pk).status for j in jobs]
     assert statuses == [TimeoutJob.Status.CANCELLED, TimeoutJob.Status.CANCELLED,
                         TimeoutJob.Status.RUNNING]  # fmt: skip
     assert _due(jobs[0]) is None and _due(jobs[2]) is not None
+
+
+def test_the_job_page_shows_its_place_in_redis_and_its_attempts(admin):
+    job = timeout_job_create(topic=TOPIC, biz_type="order", biz_id="D-1", action_time=WHEN)
+    url = reverse("admin:reminders_timeoutjob_change", args=[job.pk])
+    page = admin.get(url).content.decode()
+    assert '<span id="tj-place">scheduled</span>' in page and "2031-03-01 09:00:00" in page
+    assert "none settled yet" in page
+    TimeoutJob.objects.filter(pk=job.pk).update(history=[
+        {"attempt": 1, "at": "2031-03-01T09:00:01+00:00", "outcome": "failed", "error": "HTTP 503"}
+    ])  # fmt: skip
+    get_redis().zrem(keys.slot_keys(TOPIC, job.slot).store, str(job.pk))
+    page = admin.get(url).content.decode()
+    assert 'id="tj-history"' in page and "HTTP 503" in page and "failed" in page
+    assert "absent from timeout.default" in page
+
+
+def test_the_console_counts_what_is_due_in_the_next_hour(admin):
+    soon = datetime.now(UTC) + timedelta(minutes=15)
+    for i in range(3):
+        timeout_job_create(topic=TOPIC, biz_type="order", biz_id=f"S-{i}", action_time=soon)
+    timeout_job_create(topic=TOPIC, biz_type="order", biz_id="L-1",
+                       action_time=soon + timedelta(hours=2))  # fmt: skip
+    page = admin.get("/admin/console/?partial=1").content.decode()
+    row = page.split(f'<tr data-topic="{TOPIC}"><td>{TOPIC}</td>', 1)[1].split("</tr>", 1)[0]
+    cells = [c.split("</td>")[0] for c in row.split("<td>")[1:]]
+    assert cells[:6] == ["0", "3", "0", "0", "0", "0"], cells  # the 10-20 min window
+    assert "<strong>3</strong>" in row

@@ -96,7 +96,7 @@ def test_create_returns_the_job_and_indexes_it_in_its_slot(post):
     job = TimeoutJob.objects.get()
     assert data["job_id"] == job.pk
     assert (data["topic"], data["biz_type"], data["biz_id"]) == (TOPIC, "order", "A-1001")
-    assert (data["status"], data["status_code"]) == ("Pending", 0)
+    assert (data["status"], data["status_code"]) == ("pending", 0)
     assert data["attribute"] == {"reason": "unpaid", "amount": 42}
     assert datetime.fromisoformat(data["action_time"]) == datetime(2031, 3, 1, 1, tzinfo=UTC)
     assert data["attempts"] == 0 and data["last_error"] == ""
@@ -123,7 +123,7 @@ def test_get_returns_the_job(post, staff):
     response = staff.get(detail(job_id))
     assert response.status_code == 200
     assert response.data["job_id"] == job_id
-    assert response.data["status"] == "Pending"
+    assert response.data["status"] == "pending"
 
 
 def test_delete_cancels_and_removes_from_redis(post, delete):
@@ -131,7 +131,7 @@ def test_delete_cancels_and_removes_from_redis(post, delete):
     assert sum(redis_backlog().values()) == 1
     response = delete(job_id)
     assert response.status_code == 200, response.data
-    assert (response.data["status"], response.data["status_code"]) == ("Cancelled", 3)
+    assert (response.data["status"], response.data["status_code"]) == ("cancelled", 3)
     assert TimeoutJob.objects.get(pk=job_id).status == TimeoutJob.Status.CANCELLED
     assert redis_backlog() == {}
     again = delete(job_id)

@@ -197,7 +197,7 @@ def test_get_by_key_answers_the_pending_job(call, staff):
     job_id = call("post", LIST, job_body("K-1")).data["job_id"]
     response = staff.get(key("K-1"))
     assert response.status_code == 200
-    assert (response.data["job_id"], response.data["status"]) == (job_id, "Pending")
+    assert (response.data["job_id"], response.data["status"]) == (job_id, "pending")
     assert staff.get(key("nope")).status_code == 404
     missing = staff.get(f"{BY_KEY}?topic={TOPIC}&biz_type=order")
     assert missing.status_code == 400 and "biz_id" in missing.data["errors"]
@@ -206,7 +206,7 @@ def test_get_by_key_answers_the_pending_job(call, staff):
 def test_cancel_by_key_cancels_and_unindexes(call, staff):
     job_id = call("post", LIST, job_body("K-2")).data["job_id"]
     response = call("delete", key("K-2"))
-    assert response.status_code == 200 and response.data["status"] == "Cancelled"
+    assert response.status_code == 200 and response.data["status"] == "cancelled"
     assert TimeoutJob.objects.get(pk=job_id).status == Status.CANCELLED
     assert backlog() == 0
     again = call("delete", key("K-2"))

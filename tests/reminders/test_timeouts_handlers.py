@@ -157,8 +157,10 @@ def test_due_log_job_is_processed_and_leaves_redis(topics, make_job, caplog):
     assert status(job) == TimeoutJob.Status.PROCESSED
     assert job.attempts == 1
     assert in_redis(job) == {}
-    fired = [r for r in caplog.records if r.getMessage() == "timeout fired"]
+    fired = [r for r in caplog.records if r.getMessage().startswith("timeout fired: ")]
     assert [(r.job_id, r.attribute) for r in fired] == [(job.pk, {"k": "v"})]
+    # The ids are in the line itself, not only in the JSON extras.
+    assert f"t.log {job.biz_type}:{job.biz_id} (job {job.pk}," in fired[0].getMessage()
 
 
 def test_future_job_waits(topics, make_job):
@@ -298,6 +300,14 @@ def test_http_500_retries_with_backoff_then_goes_dead(topics, make_job, webhook,
     [dead] = queue.list_dead("t.http", job.slot)
     assert (dead.job_id, dead.attempts) == (str(job.pk), 3)
     assert "500" in dead.last_error
+    # Every attempt is in the row's history, with its time, outcome and error.
+    assert [(e["attempt"], e["outcome"]) for e in job.history] == [
+        (1, "failed"),
+        (2, "failed"),
+        (3, "dead"),
+    ]
+    assert all("500" in e["error"] and e["at"] for e in job.history)
+    assert queue.place("t.http", job.slot, str(job.pk)).where == "dead"
 
 
 def test_plain_http_is_refused_unless_allowed(topics, make_job, webhook, settings):

@@ -2,7 +2,8 @@
 
 - 400 ``{"errors": {field: [messages]}}`` for bad input: DRF and Django validation errors alike, and
   a body that is not valid JSON (under ``non_field_errors``);
-- 409 ``{"code": "<reason>", "detail": "..."}`` for business refusals;
+- 409 ``{"code": "<reason>", "detail": "..."}`` for business refusals, with what a client needs to
+  act on some of them (``opens_at`` for ``not_open``, ``closed_at`` for ``closed``);
 - 401/403/404/405/415/429 ``{"detail": "..."}``: DRF's own shape.
 """
 
@@ -12,8 +13,10 @@ from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.urls import Resolver404, resolve
 from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import OpenApiResponse, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import ParseError, ValidationError
@@ -26,7 +29,8 @@ from couponcenter.core.errors import BusinessError
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, BusinessError):
-        return Response({"code": exc.code, "detail": exc.message}, status=status.HTTP_409_CONFLICT)
+        body = {"code": exc.code, "detail": exc.message, **exc.extra}
+        return Response(body, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, DjangoValidationError):
         exc = ValidationError(_django_errors(exc))
     elif isinstance(exc, ParseError):
@@ -84,12 +88,16 @@ class DetailErrorSerializer(serializers.Serializer):
     detail = serializers.CharField()
 
 
-def conflict_serializer(name: str, codes: list[str]) -> serializers.Serializer:
-    """The 409 body of one operation, with its reason codes as an enum."""
+def conflict_serializer(
+    name: str, codes: list[str], **extra: serializers.Field
+) -> serializers.Serializer:
+    """The 409 body of one operation, with its reason codes as an enum; ``extra``: fields some
+    refusals add (not required)."""
     return inline_serializer(
         name=name,
-        fields={"code": serializers.ChoiceField(choices=codes), "detail": serializers.CharField()},
-    )
+        fields={"code": serializers.ChoiceField(choices=codes), "detail": serializers.CharField(),
+                **extra},
+    )  # fmt: skip
 
 
 BAD_REQUEST = OpenApiResponse(ValidationErrorSerializer, description="Bad input: field errors.")
@@ -115,3 +123,29 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
         return JsonResponse({"errors": {api_settings.NON_FIELD_ERRORS_KEY: [message]}}, status=413)
     message = "Bad request."
     return JsonResponse({"errors": {api_settings.NON_FIELD_ERRORS_KEY: [message]}}, status=400)
+
+
+@csrf_exempt  # any method, any caller: it only ever answers 404
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's 404 handler, and the last URL pattern under ``/api/`` (so it holds with
+    ``DEBUG`` too, whose 404 page lists every URL pattern): JSON in DRF's shape under ``/api/``.
+    A path that exists with a trailing slash says so (no redirect: a client's POST would turn
+    into a GET)."""
+    if not request.path.startswith("/api/"):
+        return defaults.page_not_found(request, exception or Http404())
+    detail = "Not found."
+    if not request.path.endswith("/"):
+        try:
+            match = resolve(request.path + "/")
+        except Resolver404:
+            match = None
+        if match is not None and match.url_name != "api-not-found":
+            detail = f"Not found. Did you mean {request.path}/ (with the trailing slash)?"
+    return JsonResponse({"detail": detail}, status=404)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """Django's 500 handler: JSON under ``/api/``, the HTML page elsewhere."""
+    if not request.path.startswith("/api/"):
+        return defaults.server_error(request)
+    return JsonResponse({"detail": "Internal server error."}, status=500)

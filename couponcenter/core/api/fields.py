@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
 from django.utils.dateparse import iso8601_duration_re, parse_datetime
-from django.utils.duration import duration_iso_string
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from couponcenter.core.durations import MaxDurationValidator, MinDurationValidator, iso_duration
 from couponcenter.core.time import EARLIEST_TIME, LATEST_TIME
 
 
 @extend_schema_field(OpenApiTypes.DURATION)
 class IsoDurationField(serializers.DurationField):
-    """An ISO 8601 duration (``"P1D"``, ``"PT60S"``) in and out, never negative.
+    """An ISO 8601 duration (``"P1D"``, ``"PT60S"``) in and out, never negative; answered in its
+    shortest form (``"PT30S"``, not Django's ``"P0DT00H00M30S"``), bounds in messages too.
 
     DRF's own field also accepts Django's ``"1 00:00:00"`` and emits it; the API speaks ISO 8601
     only.
@@ -29,6 +32,14 @@ class IsoDurationField(serializers.DurationField):
     def __init__(self, **kwargs) -> None:
         kwargs.setdefault("min_value", timedelta(0))
         super().__init__(**kwargs)
+        # DRF's bound validators write the bound as "3660 days, 0:00:00".
+        self.validators = [
+            v for v in self.validators if type(v) not in (MaxValueValidator, MinValueValidator)
+        ]
+        if self.max_value is not None:
+            self.validators.append(MaxDurationValidator(self.max_value))
+        if self.min_value is not None:
+            self.validators.append(MinDurationValidator(self.min_value))
 
     def to_internal_value(self, value) -> timedelta:
         if not isinstance(value, str) or not _is_iso_duration(value.strip()):
@@ -39,7 +50,7 @@ class IsoDurationField(serializers.DurationField):
         return parsed
 
     def to_representation(self, value: timedelta) -> str:
-        return duration_iso_string(value)
+        return iso_duration(value)
 
 
 def _is_iso_duration(value: str) -> bool:
@@ -76,3 +87,12 @@ class AwareDateTimeField(serializers.DateTimeField):
         if not EARLIEST_TIME <= result < LATEST_TIME:
             self.fail("range")
         return result
+
+
+class IsoDurationModelSerializer(serializers.ModelSerializer):
+    """A model serializer whose duration fields speak ISO 8601 (``IsoDurationField``)."""
+
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.DurationField: IsoDurationField,
+    }

@@ -13,9 +13,27 @@ from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
 
+def _page_size(paginator, request: Request) -> int:
+    """``page_size`` from the query: absent is the default, over the maximum is the maximum,
+    anything else that is not a positive whole number is bad input (DRF ignores it silently)."""
+    raw = request.query_params.get(paginator.page_size_query_param)
+    if raw is None or raw == "":
+        return paginator.page_size
+    try:
+        size = int(raw)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise ValidationError({paginator.page_size_query_param: ["Give a whole number from 1."]})
+    return min(size, paginator.max_page_size)
+
+
 class Pagination(PageNumberPagination):
     page_size_query_param = "page_size"
     max_page_size = 500
+
+    def get_page_size(self, request: Request) -> int:
+        return _page_size(self, request)
 
 
 class NewestFirstCursor(CursorPagination):
@@ -24,6 +42,9 @@ class NewestFirstCursor(CursorPagination):
     ordering = "-pk"
     page_size_query_param = "page_size"
     max_page_size = 1000
+
+    def get_page_size(self, request: Request) -> int:
+        return _page_size(self, request)
 
     def decode_cursor(self, request):
         """A cursor the server did not hand out is bad input (400), not a missing page (DRF

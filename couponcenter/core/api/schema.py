@@ -18,3 +18,26 @@ def _id(name: str, description: str) -> OpenApiParameter:
 COUPON_ID = _id("coupon_id", "Coupon id.")
 USER_ID = _id("user_id", "External end-user id.")
 USER_COUPON_ID = _id("user_coupon_id", "Id of the user's claimed coupon.")
+
+
+# Business rules across fields that a JSON Schema can state, per request component. Only ``not``
+# (``anyOf``/``oneOf`` on an object turn it into a union in generated clients); the rest of the
+# rule goes in the description.
+CROSS_FIELD_RULES = {
+    "CouponInputRequest": {
+        "not": {"required": ["expires_at", "valid_for"]},
+        "description": "Give exactly one of `expires_at` (a fixed end) and `valid_for` (counted "
+        "from each claim). `claim_closes_at` and `expires_at` must be after `claim_opens_at` and "
+        "in the future.",
+    },
+    "PatchedCouponInputRequest": {"not": {"required": ["expires_at", "valid_for"]}},
+}
+
+
+def add_cross_field_rules(result: dict, generator, request, public) -> dict:
+    """drf-spectacular postprocessing hook: ``CROSS_FIELD_RULES`` into the components."""
+    schemas = result.get("components", {}).get("schemas", {})
+    for name, rules in CROSS_FIELD_RULES.items():
+        if name in schemas:
+            schemas[name].update(rules)
+    return result

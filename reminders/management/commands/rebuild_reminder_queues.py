@@ -13,7 +13,9 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         totals = services.queues_pending_counts()
         bars = {
-            name: tqdm(total=total, desc=name, unit="job", file=self.stderr._out, leave=True)
+            name: tqdm(
+                total=total, desc=name, unit="job", file=self.stderr._out, leave=True, disable=None
+            )  # fmt: skip
             for name, total in totals.items()
         }
         counts = services.queues_rebuild(progress=lambda name, n: bars[name].update(n))

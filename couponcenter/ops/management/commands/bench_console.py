@@ -24,7 +24,9 @@ class Command(BaseCommand):
             raise CommandError("--count and --repeat must be at least 1")
 
         def bar(total, desc):
-            return tqdm(total=total, desc=desc, unit="", disable=json, leave=False)
+            return tqdm(
+                total=total, desc=desc, unit="", disable=True if json else None, leave=False
+            )
 
         bench = ConsoleBench(count=count, repeat=repeat, progress=bar)
         try:

@@ -6,6 +6,7 @@ Accounts get no password (they sign in by token, printed here); the staff login 
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,6 +16,7 @@ from django.utils import timezone
 from couponcenter import services
 from couponcenter.models import Coupon, UserCoupon
 from couponcenter.rules import ClaimRefused
+from reminders.models import ReminderSubscription
 from reminders.services import subscription_subscribe
 
 DEMO_USER_ID = 1001
@@ -27,7 +29,13 @@ SOON = timedelta(minutes=3)
 class Command(BaseCommand):
     help = "Create demo coupons, claims, reminders and API accounts (idempotent); print the tokens."
 
-    def handle(self, *args: Any, **options: Any) -> None:
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--url", default="http://127.0.0.1:8000", help="the service's base URL, for examples"
+        )
+
+    def handle(self, *args: Any, url: str, **options: Any) -> None:
+        self.base_url = url.rstrip("/")
         now = timezone.now()
         open_now = self._coupon(
             "Demo: open now",
@@ -95,10 +103,20 @@ class Command(BaseCommand):
             subscription_subscribe(user_id=user_id, coupon=coupon, now=now)[1]
             for user_id in REMINDED_USERS
         )
+        # Said as it is: a reminder sent on an earlier run stays sent (exactly once).
+        statuses = Counter(
+            ReminderSubscription.objects.filter(
+                coupon=coupon, user_id__in=REMINDED_USERS
+            ).values_list("status", flat=True)
+        )
         remind_at = coupon.claim_opens_at - coupon.reminder_lead
+        parts = [f"{statuses[ReminderSubscription.Status.SCHEDULED]} scheduled for "
+                 f"{remind_at:%H:%M:%S} UTC"]  # fmt: skip
+        if statuses[ReminderSubscription.Status.SENT]:
+            parts.append(f"{statuses[ReminderSubscription.Status.SENT]} sent on an earlier run")
         self.stdout.write(
-            f"{len(REMINDED_USERS)} users subscribed to coupon #{coupon.pk} ({created} new), "
-            f"reminded at {remind_at:%H:%M:%S} UTC"
+            f"{len(REMINDED_USERS)} users follow coupon #{coupon.pk} ({created} new): "
+            + ", ".join(parts)
         )
 
     def _accounts(self) -> None:
@@ -117,5 +135,5 @@ class Command(BaseCommand):
         )
         self.stdout.write(
             f"try: curl -H 'Authorization: Token {user_token}' "
-            f"http://127.0.0.1:8000/api/users/{DEMO_USER_ID}/coupons/"
+            f"{self.base_url}/api/users/{DEMO_USER_ID}/coupons/"
         )

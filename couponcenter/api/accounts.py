@@ -1,0 +1,95 @@
+"""``/api/accounts/``: staff create API accounts and hand out their tokens.
+
+An end user's app signs in with an account linked to that user (``user_id``); a backend service
+uses one with ``act_for_any_user``; a team calling the timeout center needs ``manage_timeouts``.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiExample, extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from couponcenter import services
+from couponcenter.core.api.errors import conflict_serializer, error_responses
+from couponcenter.core.api.permissions import IsStaff
+
+MAX_USER_ID = 10**18 - 1
+
+
+class AccountApi(APIView):
+    permission_classes = [IsStaff]
+
+    class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "AccountInput"
+
+        username = serializers.RegexField(
+            r"^[\w.@+-]{1,150}$", help_text="Letters, digits and @ . + - _ (at most 150)."
+        )
+        user_id = serializers.IntegerField(
+            required=False, allow_null=True, min_value=1, max_value=MAX_USER_ID,
+            help_text="The end user this account acts for (an end user's app).",
+        )  # fmt: skip
+        permissions = serializers.ListField(
+            child=serializers.ChoiceField(choices=sorted(services.ACCOUNT_PERMISSIONS)),
+            required=False, default=list, max_length=len(services.ACCOUNT_PERMISSIONS),
+            help_text="What else the account may do; the account has exactly these afterwards.",
+        )  # fmt: skip
+
+        def validate(self, attrs: dict) -> dict:
+            if attrs.get("user_id") and "act_for_any_user" in attrs["permissions"]:
+                raise serializers.ValidationError(
+                    {"permissions": ["An account linked to one user cannot act for any user."]}
+                )
+            return attrs
+
+    class OutputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "AccountOutput"
+
+        username = serializers.CharField()
+        user_id = serializers.IntegerField(allow_null=True)
+        permissions = serializers.ListField(child=serializers.CharField())
+        token = serializers.CharField(help_text="Send it as `Authorization: Token <token>`.")
+
+    @extend_schema(
+        operation_id="accounts_ensure",
+        summary="Create an API account (or update one) and get its token",
+        request=InputSerializer,
+        responses={
+            201: OutputSerializer,
+            200: OutputSerializer,
+            409: conflict_serializer("AccountConflict", ["not_an_api_account"]),
+            **error_responses(400, 403),
+        },
+        description="Idempotent: the same username again keeps its token and gets the link and "
+        "permissions asked for (200). A username of staff or of a person who signs in with a "
+        "password is refused (409).",
+        examples=[
+            OpenApiExample(
+                "An end user's app",
+                value={"username": "app-4242", "user_id": 4242},
+                request_only=True,
+            ),  # fmt: skip
+            OpenApiExample(
+                "A team's service",
+                request_only=True,
+                value={"username": "orders-svc", "permissions": ["manage_timeouts"]},
+            ),  # fmt: skip
+        ],
+    )
+    def post(self, request: Request) -> Response:
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        v = body.validated_data
+        user, token, created = services.account_provision(
+            username=v["username"], end_user_id=v.get("user_id"),
+            permissions=tuple(v["permissions"]), api_only=True,
+        )  # fmt: skip
+        out = {"username": user.username, "user_id": v.get("user_id"),
+               "permissions": services.account_permissions(user), "token": token}  # fmt: skip
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(self.OutputSerializer(out).data, status=code)

@@ -7,11 +7,8 @@ from __future__ import annotations
 import threading
 import uuid
 from datetime import timedelta
-from io import StringIO
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from django.db import connection, connections
 from django.utils import timezone
 
@@ -60,25 +57,8 @@ def test_the_sweeper_reads_pending_tasks_through_a_partial_index():
     assert "(expire_at)" in ddl and "WHERE" in ddl and "'pending'" in ddl, ddl
 
 
-# --- the demo admin -------------------------------------------------------------------------------
-
-
-@pytest.mark.django_db
-def test_ensure_demo_admin_creates_then_resets_with_a_fresh_password():
-    out = StringIO()
-    call_command("ensure_demo_admin", stdout=out)
-    first = out.getvalue().split("admin / ")[1].split()[0]
-    user = get_user_model().objects.get(username="admin")
-    assert user.is_staff and user.is_superuser and "created" in out.getvalue()
-    assert user.check_password(first)
-
-    out = StringIO()
-    call_command("ensure_demo_admin", stdout=out)
-    second = out.getvalue().split("admin / ")[1].split()[0]
-    assert "reset" in out.getvalue() and second != first and len(second) >= 16
-    user.refresh_from_db()
-    assert not user.check_password(first) and user.check_password(second)
-    assert get_user_model().objects.filter(username="admin").count() == 1
+# The demo admin (made once, its password kept, reset on request):
+# tests/couponcenter/test_demo_admin.py
 
 
 # --- backpressure ---------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``; the standard ``OTEL_*`` variables app
 headers, sampler).
 
 What is traced: the official instrumentations for Django (each request), Celery (publish and run
-of each task), psycopg2 (each query) and Redis (each command); and, per scheduled job, its life
+of each task), psycopg2 and SQLite (each query: production's PostgreSQL and the embedded
+development default) and Redis (each command); and, per scheduled job, its life
 after the API call that scheduled it. The call's trace context is stored with the job
 (``traceparent``, W3C format, on the subscription or timeout row, only when it was sampled), and
 the worker that delivers or fires it opens a span in that same trace, from the job's due time to
@@ -79,9 +80,10 @@ def _instrument() -> None:
     from opentelemetry.instrumentation.django import DjangoInstrumentor
     from opentelemetry.instrumentation.psycopg2 import Psycopg2Instrumentor
     from opentelemetry.instrumentation.redis import RedisInstrumentor
+    from opentelemetry.instrumentation.sqlite3 import SQLite3Instrumentor
 
     for instrumentor in (DjangoInstrumentor(), CeleryInstrumentor(), Psycopg2Instrumentor(),
-                         RedisInstrumentor()):  # fmt: skip
+                         SQLite3Instrumentor(), RedisInstrumentor()):  # fmt: skip
         if not instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.instrument()
 

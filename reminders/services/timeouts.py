@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from couponcenter.core import tracing
@@ -315,12 +316,23 @@ def _index_on_commit(jobs: list[TimeoutJob], specs: dict) -> None:
         transaction.on_commit(index)
 
 
+def _pending_by_pk(pk: int) -> Q:
+    """The job ``pk`` while it is pending, in a form PostgreSQL finds by the primary key.
+
+    ``status = 0`` is the predicate of the partial indexes of pending jobs: with statistics taken
+    while few jobs were pending, the planner picks ``timeoutjob_due`` for ``pk = X AND status = 0``
+    and walks every pending job (11 ms a cancel with 100,000 pending). ``status <= 0`` means the
+    same (pending is the lowest status; the column is checked ``>= 0``) and matches no partial
+    index, so the primary key is the only way in."""
+    return Q(pk=pk, status__lte=Status.PENDING)
+
+
 def timeout_job_reschedule(*, job: TimeoutJob, action_time: datetime) -> TimeoutJob:
     """Move a pending job to ``action_time``. A job that is firing (or fired, or was cancelled)
     is refused with ``not_pending``: cancel and reschedule racing the firing have exactly one
     outcome, since the handler fires only rows it moved from pending to running itself."""
     with transaction.atomic():
-        moved = TimeoutJob.objects.filter(pk=job.pk, status=Status.PENDING).update(
+        moved = TimeoutJob.objects.filter(_pending_by_pk(job.pk)).update(
             action_time=action_time, gmt_modified=timezone.now()
         )
         job.refresh_from_db()
@@ -337,7 +349,7 @@ def timeout_job_reschedule(*, job: TimeoutJob, action_time: datetime) -> Timeout
 
 def timeout_job_cancel(*, job: TimeoutJob) -> TimeoutJob:
     """Cancel a pending job; a job that already fired or was cancelled is left as it is."""
-    cancelled = TimeoutJob.objects.filter(pk=job.pk, status=TimeoutJob.Status.PENDING).update(
+    cancelled = TimeoutJob.objects.filter(_pending_by_pk(job.pk)).update(
         status=TimeoutJob.Status.CANCELLED, gmt_modified=timezone.now()
     )
     job.refresh_from_db()

@@ -35,8 +35,11 @@ class ExpiryTask(models.Model):
     class Meta:
         indexes = [
             models.Index(fields=["expire_at", "status"], name="expirytask_due"),
+            # (expire_at, id): a pass resumes each batch after the last one's key instead of
+            # stepping again over the entries of every task it processed (and, among tasks due
+            # at the same moment, the id orders them).
             models.Index(
-                fields=["expire_at"],
+                fields=["expire_at", "id"],
                 condition=Q(status="pending"),
                 name="expirytask_pending_due",
             ),

@@ -13,7 +13,11 @@ Invariants:
   and then the task, the sweeper the task and then the coupon, so waiting would deadlock.
 - A redeem and the sweeper both flip ``status`` with a condition on ``status = 'unused'``: exactly
   one of them wins, and a coupon is never both used and expired.
-- No OFFSET anywhere: each batch re-reads the head of the index, and a pass stops on a short batch.
+- No OFFSET anywhere: a pass walks the index once. Each batch resumes after the previous one's
+  last ``(expire_at, id)`` (keyset), so the entries of tasks it already processed are not walked
+  again batch after batch (at 10M due tasks that walk grew with every batch). A task skipped because
+  another sweeper or a redeem held it is left to that holder or to the next pass (which starts at
+  the head again); a pass stops on a short batch.
 - Timing and logging happen outside the transactions.
 
 Cost (BENCHMARKS.md): per coupon, two row locks, the user-coupon update (a HOT update: no index
@@ -31,11 +35,12 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import redis
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from couponcenter.core.live_settings import LiveSettingsReader, live_settings_save
@@ -68,6 +73,8 @@ class SweepResult:
     expired: int
     seconds: float
     task_ids: tuple[int, ...] = ()
+    # The (expire_at, id) of the last task claimed: where the pass's next batch starts.
+    last: tuple[datetime, int] | None = None
 
     @property
     def skipped(self) -> int:
@@ -109,10 +116,11 @@ class SweepTotals:
 # that walks the whole primary key from its start every batch).
 _SWEEP_SQL = """
 WITH batch AS (
-    SELECT t.id, t.user_coupon_id, c.status AS coupon_status
+    SELECT t.id, t.expire_at, t.user_coupon_id, c.status AS coupon_status
     FROM expiry_expirytask t JOIN couponcenter_usercoupon c ON c.id = t.user_coupon_id
     WHERE t.status = 'pending' AND t.expire_at <= %(now)s
-    ORDER BY t.expire_at
+      AND (t.expire_at, t.id) > (%(after_at)s, %(after_id)s)
+    ORDER BY t.expire_at, t.id
     LIMIT %(limit)s
     FOR NO KEY UPDATE OF t, c SKIP LOCKED
 ), expired AS (
@@ -124,69 +132,90 @@ WITH batch AS (
     UPDATE expiry_expirytask SET status = 'processed', updated_at = %(now)s
     WHERE id = ANY(ARRAY(SELECT id FROM batch))
     RETURNING id
+), last AS (
+    SELECT expire_at, id FROM batch ORDER BY expire_at DESC, id DESC LIMIT 1
 )
 SELECT
     (SELECT count(*) FROM batch),
     (SELECT count(*) FROM done),
     (SELECT count(*) FROM expired),
-    CASE WHEN %(ids)s THEN (SELECT array_agg(id) FROM done) END
+    CASE WHEN %(ids)s THEN (SELECT array_agg(id) FROM done) END,
+    (SELECT expire_at FROM last),
+    (SELECT id FROM last)
 """
+# Before every task: where a pass starts.
+_START = (datetime(1, 1, 1, tzinfo=UTC), 0)
 
 
 def expiry_sweep_batch(
-    *, now: datetime, batch_size: int = DEFAULT_BATCH_SIZE, collect_ids: bool = False
+    *,
+    now: datetime,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    collect_ids: bool = False,
+    after: tuple[datetime, int] | None = None,
 ) -> SweepResult:
     """Expire one bounded batch of due tasks in one transaction; see the module invariants.
 
+    ``after``: only tasks after this ``(expire_at, id)`` (the previous batch's ``last``).
     ``collect_ids`` returns the processed task ids too (tests prove two sweepers never share one).
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    after = after or _START
     started = time.perf_counter()
     if connection.vendor == "postgresql":
-        claimed, processed, expired, ids = _sweep_batch_postgres(now, batch_size, collect_ids)
+        claimed, processed, expired, ids, last = _sweep_batch_postgres(
+            now, batch_size, collect_ids, after
+        )
     else:
-        claimed, processed, expired, ids = _sweep_batch_orm(now, batch_size)
+        claimed, processed, expired, ids, last = _sweep_batch_orm(now, batch_size, after)
     return SweepResult(
         claimed=claimed,
         processed=processed,
         expired=expired,
         seconds=time.perf_counter() - started,
         task_ids=tuple(sorted(ids or ())) if collect_ids else (),
+        last=last,
     )
 
 
-def _sweep_batch_postgres(now: datetime, limit: int, collect_ids: bool) -> tuple:
+def _sweep_batch_postgres(
+    now: datetime, limit: int, collect_ids: bool, after: tuple[datetime, int]
+) -> tuple:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{LOCK_TIMEOUT_MS}ms"])
         # A batch lost in a crash before its WAL reached disk is simply swept again (the sweep is
         # idempotent), so the commit need not wait for the flush.
         cursor.execute("SET LOCAL synchronous_commit = off")
-        cursor.execute(_SWEEP_SQL, {"now": now, "limit": limit, "ids": collect_ids})
-        return cursor.fetchone()
+        params = {"now": now, "limit": limit, "ids": collect_ids}
+        cursor.execute(_SWEEP_SQL, {**params, "after_at": after[0], "after_id": after[1]})
+        claimed, processed, expired, ids, last_at, last_id = cursor.fetchone()
+    return claimed, processed, expired, ids, (last_at, last_id) if last_id else None
 
 
-def _sweep_batch_orm(now: datetime, limit: int) -> tuple:
+def _sweep_batch_orm(now: datetime, limit: int, after: tuple[datetime, int]) -> tuple:
     # SQLite: no row locks, but IMMEDIATE transactions make writers take turns, so the rows read
     # here cannot be claimed by another sweeper before this transaction commits.
     with transaction.atomic():
         rows = list(
             ExpiryTask.objects.select_for_update(skip_locked=True)
             .filter(status=PENDING, expire_at__lte=now)
-            .order_by("expire_at")
-            .values_list("id", "user_coupon_id")[:limit]
+            .filter(Q(expire_at__gt=after[0]) | Q(expire_at=after[0], id__gt=after[1]))
+            .order_by("expire_at", "id")
+            .values_list("id", "user_coupon_id", "expire_at")[:limit]
         )
         expired = 0
         for start in range(0, len(rows), _IN_CHUNK):
             chunk = rows[start : start + _IN_CHUNK]
             expired += UserCoupon.objects.filter(
-                id__in=[coupon_id for _, coupon_id in chunk], status=UserCoupon.Status.UNUSED
+                id__in=[coupon_id for _, coupon_id, _ in chunk], status=UserCoupon.Status.UNUSED
             ).update(status=UserCoupon.Status.EXPIRED)
-            ExpiryTask.objects.filter(id__in=[task_id for task_id, _ in chunk]).update(
+            ExpiryTask.objects.filter(id__in=[task_id for task_id, _, _ in chunk]).update(
                 status=PROCESSED, updated_at=now
             )
-    ids = [task_id for task_id, _ in rows]
-    return len(rows), len(rows), expired, ids
+    ids = [task_id for task_id, _, _ in rows]
+    last = (rows[-1][2], rows[-1][0]) if rows else None
+    return len(rows), len(rows), expired, ids, last
 
 
 # --- a pass --------------------------------------------------------------------------------------
@@ -208,12 +237,17 @@ def expiry_sweep_due(
     """
     batch_size = batch_size or expiry_settings_get().batch_size
     totals = SweepTotals()
+    after = None
     started = time.perf_counter()
     try:
         while not should_stop():
             result = expiry_sweep_batch(
-                now=now or timezone.now(), batch_size=batch_size, collect_ids=collect_ids
+                now=now or timezone.now(),
+                batch_size=batch_size,
+                collect_ids=collect_ids,
+                after=after,
             )
+            after = result.last or after
             totals.add(result)
             if keep_results:
                 totals.results.append(result)

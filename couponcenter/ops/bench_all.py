@@ -36,6 +36,7 @@ from django.db import connection
 from couponcenter.bench import http as bench_http
 from couponcenter.bench.progress import Progress
 from couponcenter.core.redis import get_redis
+from expiry import services as expiry_services
 from expiry.bench import sweep as bench_expiry
 from reminders.bench import backlog as bench_backlog
 from reminders.bench import end_to_end as bench_reminders
@@ -282,7 +283,10 @@ def run(
     if "expiry" in parts:
         say(f"expiry: {expiry_count:,} coupons, 2 sweepers, beside the bare SQL loop")
         result["expiry"] = bench_expiry.run_bench(
-            count=expiry_count, workers=2, batch_size=10_000, progress=False
+            count=expiry_count,
+            workers=2,
+            batch_size=expiry_services.DEFAULT_BATCH_SIZE,
+            progress=False,
         ).as_dict()
     if "timeouts" in parts:
         say(f"timeouts: a {count:,} http burst beside a plain client, isolation, bulk, cancel")

@@ -97,6 +97,39 @@ def test_sweep_due_repeats_while_batches_are_full_and_stops_on_a_short_one():
     assert (totals.batches, totals.processed, totals.expired) == (3, 5, 5)
 
 
+def test_a_pass_resumes_each_batch_after_the_last_ones_key():
+    now = timezone.now()
+    same_moment = now - timedelta(minutes=5)  # ties: the id orders tasks due together
+    tasks = [make_task(expires_at=same_moment) for _ in range(4)]
+    tasks += [make_task(expires_at=now - timedelta(minutes=1)) for _ in range(3)]
+    keys = sorted((task.expire_at, task.pk) for task in tasks)
+    seen = []
+
+    services.expiry_sweep_due(now=now, batch_size=3, collect_ids=True, progress=seen.append)
+
+    assert [r.task_ids for r in seen] == [
+        tuple(pk for _, pk in keys[0:3]),
+        tuple(pk for _, pk in keys[3:6]),
+        tuple(pk for _, pk in keys[6:7]),
+    ]
+    assert [r.last for r in seen] == [keys[2], keys[5], keys[6]]
+
+
+def test_a_batch_takes_only_tasks_after_the_given_key_and_the_next_pass_takes_the_rest():
+    now = timezone.now()
+    early, late = (make_task(expires_at=now - timedelta(minutes=m)) for m in (5, 1))
+    early_key = (early.expire_at, early.pk)
+
+    result = services.expiry_sweep_batch(now=now, batch_size=10, after=early_key)
+
+    assert result.claimed == 1 and result.last == (late.expire_at, late.pk)
+    assert statuses([early, late]) == [("pending", "unused"), ("processed", "expired")]
+    # A task behind a pass's key (skipped while another transaction held it) waits for the
+    # next pass, which starts at the head again.
+    assert services.expiry_sweep_due(now=now, batch_size=10).processed == 1
+    assert statuses([early]) == [("processed", "expired")]
+
+
 def test_sweep_due_with_exact_multiple_ends_on_an_empty_batch():
     now = timezone.now()
     for i in range(4):

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from expiry.bench.sweep import run_bench
+from expiry.services import DEFAULT_BATCH_SIZE
 
 
 class Command(BaseCommand):
@@ -17,7 +18,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--count", type=int, required=True)
         parser.add_argument("--workers", type=int, default=2)
-        parser.add_argument("--batch-size", type=int, default=10_000)
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=DEFAULT_BATCH_SIZE,
+            help=f"rows per batch (default {DEFAULT_BATCH_SIZE}: the sweeper's own default)",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         parser.add_argument("--force", action="store_true", help="run even with DEBUG off")
 

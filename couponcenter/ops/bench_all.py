@@ -144,6 +144,12 @@ def figures(result: dict[str, Any]) -> list[Figure]:
                            f"at {small['pending']:,} pending", small["bytes_per_pending"],
                            b["memory_growth"], "<= 120 bytes",
                            b["max_bytes_per_pending"] <= 120))  # fmt: skip
+        if b.get("rebuild"):
+            r_small, r_large = b["rebuild"][0], b["rebuild"][-1]
+            rows.append(Figure(f"backlog: rebuild from PostgreSQL, {r_large['scheduled']:,} "
+                               "scheduled", r_large["rebuild_per_s"], "/s",
+                               f"the same with {r_small['scheduled']:,}", r_small["rebuild_per_s"],
+                               b["rebuild_rate_growth"], "", None))  # fmt: skip
     t = result.get("timeouts", {})
     if t:
         ratio = t.get("burst_ratio_to_raw")
@@ -306,7 +312,9 @@ def run(
         result["claims"] = bench_http.run(seconds=claims_seconds, progress=say)
     if "backlog" in parts:
         say("cost as the backlog grows: 1M and 10M pending reminders in Redis")
-        result["backlog"] = bench_backlog.run(sizes=[1_000_000, 10_000_000], progress=progress)
+        result["backlog"] = bench_backlog.run(
+            sizes=[1_000_000, 10_000_000], rebuild=True, progress=progress
+        )
     if peers:
         say("peers: BullMQ and Celery ETA on the same Redis")
         result["peers"] = bench_peers.run(

@@ -11,24 +11,41 @@ For each backlog size (1M and 10M by default) on a throwaway topic with the prod
   15 % of the 1M figure, at most 120 bytes per pending job).
 
 The backlog is due an hour ahead, so it never mixes with the sample. Everything is deleted after.
+
+``bench_rebuild_size`` (``--rebuild``): the rebuild rate from PostgreSQL, through the code path of
+``rebuild_reminder_queues`` (``subscriptions_reindex``), over N scheduled subscriptions of a bench
+coupon, into a throwaway key prefix (so no worker sees them); rows and keys are deleted after.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
+from datetime import timedelta
 from typing import Any
 
+from django.db import connection, transaction
+from django.db.models import Max, Min
+from django.test import override_settings
+from django.utils import timezone
+
 from couponcenter.bench.progress import Progress
+from couponcenter.models import Coupon
+from reminders.bench.end_to_end import vacuum_analyze
 from reminders.bench.engine import _cleanup, _topic
-from reminders.engine import connection, keys, queue
+from reminders.engine import connection as connection_redis
+from reminders.engine import keys, queue
 from reminders.engine.connection import Client
 from reminders.engine.leases import SlotLeases
+from reminders.models import ReminderSubscription
+from reminders.services.subscriptions import subscriptions_reindex
 
 SCHEDULE_CHUNK = 50_000
 CLAIM_BATCH = 2000
 USER_BASE = 9_100_000_000
 SUB_BASE = 700_000_000
 COUPON = 424242
+REBUILD_LOAD_CHUNK = 200_000
 
 
 def _member(i: int) -> str:
@@ -59,7 +76,7 @@ def bench_backlog_size(
     client: Client | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    client = connection.client(client)
+    client = connection_redis.client(client)
     topic = _topic()
     now = int(time.time() * 1000)
     leases = SlotLeases("bench-backlog", ttl_ms=600_000, client=client)
@@ -94,16 +111,96 @@ def bench_backlog_size(
     }
 
 
+_PG_SUBSCRIPTIONS_SQL = """
+INSERT INTO reminders_reminder_subscription_table
+    (coupon_id, user_id, remind_at, status, slot, priority, drop_reason, traceparent,
+     created_at, updated_at)
+SELECT %(coupon)s, g, %(at)s + make_interval(secs => g %% 3600), 'scheduled', g %% 16,
+       'normal', '', '', %(now)s, %(now)s
+FROM generate_series(%(lo)s, %(hi)s) g
+"""
+
+
+def _load_subscriptions(coupon: Coupon, count: int, progress: Progress | None) -> None:
+    """``count`` scheduled subscriptions of ``coupon`` (users ``USER_BASE + i``), in chunks."""
+    at = timezone.now() + timedelta(days=365)
+    table = ReminderSubscription._meta.db_table
+    sql = _PG_SUBSCRIPTIONS_SQL.replace("reminders_reminder_subscription_table", table)
+    for lo in range(0, count, REBUILD_LOAD_CHUNK):
+        hi = min(lo + REBUILD_LOAD_CHUNK, count)
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                params = {"coupon": coupon.pk, "at": at, "now": timezone.now()}
+                with connection.cursor() as cursor:
+                    cursor.execute(sql, {**params, "lo": USER_BASE + lo, "hi": USER_BASE + hi - 1})
+            else:
+                ReminderSubscription.objects.bulk_create(
+                    ReminderSubscription(coupon=coupon, user_id=USER_BASE + i, slot=i % 16,
+                                         remind_at=at + timedelta(seconds=i % 3600))
+                    for i in range(lo, hi)
+                )  # fmt: skip
+        if progress:
+            progress(f"subscriptions {count:,}", hi, count)
+    vacuum_analyze()
+
+
+def _delete_subscriptions(coupon: Coupon) -> None:
+    span = ReminderSubscription.objects.filter(coupon=coupon).aggregate(lo=Min("pk"), hi=Max("pk"))
+    for lo in range(span["lo"] or 0, (span["hi"] or -1) + 1, REBUILD_LOAD_CHUNK):
+        ReminderSubscription.objects.filter(
+            coupon=coupon, pk__range=(lo, lo + REBUILD_LOAD_CHUNK - 1)
+        )._raw_delete(connection.alias)
+    Coupon.objects.filter(pk=coupon.pk).delete()
+
+
+def bench_rebuild_size(count: int, *, progress: Progress | None = None) -> dict[str, Any]:
+    """Scheduled reminders re-indexed from PostgreSQL per second, with ``count`` of them."""
+    if ReminderSubscription.objects.filter(status=ReminderSubscription.Status.SCHEDULED).exists():
+        raise RuntimeError("the rebuild bench needs a database with no scheduled reminders")
+    coupon = Coupon.objects.create(
+        name="__bench_rebuild__", claim_opens_at=timezone.now() + timedelta(days=400),
+        total_stock=max(count, 1), valid_for=timedelta(days=1),
+    )  # fmt: skip
+    client = connection_redis.client()
+    bench_prefix = f"bench-rebuild-{uuid.uuid4().hex[:8]}"
+    try:
+        _load_subscriptions(coupon, count, progress)
+        with override_settings(REDIS_KEY_PREFIX=bench_prefix):
+            done = 0
+
+            def step(n: int) -> None:
+                nonlocal done
+                done += n
+                if progress:
+                    progress(f"rebuild {count:,}", done, count)
+
+            started = time.perf_counter()
+            added = subscriptions_reindex(progress=step)
+            seconds = time.perf_counter() - started
+    finally:
+        for key in client.scan_iter(match=f"{bench_prefix}:*", count=10_000):
+            client.unlink(key)
+        _delete_subscriptions(coupon)
+    if added != count:
+        raise AssertionError(f"the rebuild indexed {added} of {count} scheduled reminders")
+    return {
+        "scheduled": count,
+        "rebuild_s": round(seconds, 3),
+        "rebuild_per_s": round(count / seconds),
+    }
+
+
 def run(
     *,
     sizes: list[int],
     sample: int = 200_000,
     slots: int = 16,
+    rebuild: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     rows = [bench_backlog_size(n, sample=sample, slots=slots, progress=progress) for n in sizes]
     first, last = rows[0], rows[-1]
-    return {
+    result = {
         "slots": slots,
         "sample": sample,
         "sizes": rows,
@@ -111,3 +208,10 @@ def run(
         "memory_growth": round(last["bytes_per_pending"] / first["bytes_per_pending"], 3),
         "max_bytes_per_pending": max(r["bytes_per_pending"] for r in rows),
     }
+    if rebuild:
+        rebuilt = [bench_rebuild_size(n, progress=progress) for n in sizes]
+        result["rebuild"] = rebuilt
+        result["rebuild_rate_growth"] = round(
+            rebuilt[-1]["rebuild_per_s"] / rebuilt[0]["rebuild_per_s"], 3
+        )
+    return result

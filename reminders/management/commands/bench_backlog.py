@@ -17,6 +17,12 @@ class Command(BaseCommand):
             "--sizes", default="1000000,10000000", help="backlog sizes, comma-separated"
         )
         parser.add_argument("--sample", type=int, default=200_000, help="due jobs claimed")
+        parser.add_argument(
+            "--rebuild",
+            action="store_true",
+            help="also time the rebuild from PostgreSQL at each size (loads that many "
+            "subscriptions; needs a database with no scheduled reminders)",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args, sizes: str, sample: int, **options):
@@ -29,7 +35,9 @@ class Command(BaseCommand):
         if not 1_000 <= sample <= 5_000_000:
             raise CommandError("--sample must be within 1,000..5,000,000")
         with progress_bars(self.stderr._out) as progress:
-            result = backlog.run(sizes=counts, sample=sample, progress=progress)
+            result = backlog.run(
+                sizes=counts, sample=sample, rebuild=options["rebuild"], progress=progress
+            )
         if options["json"]:
             self.stdout.write(json.dumps(result))
             return
@@ -37,3 +45,8 @@ class Command(BaseCommand):
             self.stdout.write(f"{row['pending']:>12,} pending: {row['bytes_per_pending']:>6} "
                               f"bytes each, claim + ack {row['claim_ack_per_s']:,}/s")  # fmt: skip
         self.stdout.write(f"claim rate, largest / smallest backlog: {result['claim_rate_growth']}")
+        for row in result.get("rebuild", ()):
+            self.stdout.write(f"{row['scheduled']:>12,} scheduled: rebuilt from PostgreSQL in "
+                              f"{row['rebuild_s']} s, {row['rebuild_per_s']:,}/s")  # fmt: skip
+        if "rebuild_rate_growth" in result:
+            self.stdout.write(f"rebuild rate, largest / smallest: {result['rebuild_rate_growth']}")

@@ -10,8 +10,11 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from couponcenter.core.redis import get_redis
+from couponcenter.models import Coupon
+from reminders.bench.backlog import bench_rebuild_size
 from reminders.bench.raw_inbox import bench_raw_inbox
 from reminders.models import Notification, ReminderSubscription
+from tests.support.factories import CouponFactory
 
 
 @pytest.mark.parametrize(
@@ -54,6 +57,33 @@ def test_the_backlog_bench_measures_memory_and_claims_every_due_job():
     assert all(row["bytes_per_pending"] > 20 for row in result["sizes"])
     assert all(row["claim_ack_per_s"] > 0 for row in result["sizes"])
     assert get_redis().dbsize() == before  # everything it made is gone
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_rebuild_bench_indexes_every_scheduled_reminder_elsewhere_and_cleans_up():
+    before = get_redis().dbsize()
+    out = StringIO()
+    call_command(
+        "bench_backlog", "--sizes", "1000,3000", "--sample", "1000", "--rebuild", "--json",
+        stdout=out,
+    )  # fmt: skip
+    result = json.loads(out.getvalue())
+    # bench_rebuild_size raises unless the rebuild indexed exactly that many.
+    assert [row["scheduled"] for row in result["rebuild"]] == [1000, 3000]
+    assert all(row["rebuild_per_s"] > 0 for row in result["rebuild"])
+    assert result["rebuild_rate_growth"] > 0
+    assert get_redis().dbsize() == before  # its keys went to its own prefix and are gone
+    assert not ReminderSubscription.objects.exists()
+    assert not Coupon.objects.filter(name="__bench_rebuild__").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_rebuild_bench_refuses_a_database_with_scheduled_reminders():
+    coupon = CouponFactory()
+    ReminderSubscription.objects.create(coupon=coupon, user_id=1, remind_at=coupon.claim_opens_at)
+    with pytest.raises(RuntimeError, match="no scheduled reminders"):
+        bench_rebuild_size(1000)
+    assert ReminderSubscription.objects.count() == 1
 
 
 @pytest.mark.django_db(transaction=True)

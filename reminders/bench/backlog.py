@@ -31,8 +31,8 @@ from django.utils import timezone
 
 from couponcenter.bench.progress import Progress
 from couponcenter.models import Coupon
-from reminders.bench.end_to_end import vacuum_analyze
 from reminders.bench.engine import _cleanup, _topic
+from reminders.bench.tables import vacuum_analyze
 from reminders.engine import connection as connection_redis
 from reminders.engine import keys, queue
 from reminders.engine.connection import Client
@@ -66,6 +66,12 @@ def _schedule(topic, first: int, count: int, due_ms: int, slots: int, client, pr
         )
         if progress:
             progress(what, stop - first, count)
+
+
+def schedule_backlog(topic: str, count: int, *, due_ms: int, slots: int, progress=None) -> None:
+    """``count`` reminder-shaped entries (of no subscription) due at ``due_ms`` in ``topic``."""
+    client = connection_redis.client()
+    _schedule(topic, 0, count, due_ms, slots, client, progress, f"backlog {count:,}")
 
 
 def bench_backlog_size(

@@ -39,7 +39,9 @@ from couponcenter.core.db.times import aware_time
 from couponcenter.core.redis import get_redis
 from couponcenter.models import Coupon
 from reminders import metrics
+from reminders.bench import backlog as backlog_bench
 from reminders.bench import engine as engine_bench
+from reminders.bench.tables import vacuum_analyze
 from reminders.engine import leases, queue
 from reminders.engine.keys import slot_for
 from reminders.members import REMINDER_TOPIC, member
@@ -140,18 +142,6 @@ def _subscriptions(
         .order_by("pk")
         .values_list("pk", "user_id", "slot")
     )
-
-
-def vacuum_analyze() -> None:
-    """Fresh planner statistics and no dead rows left behind by the load or the last run.
-
-    Autovacuum does this in production; here it may be off (it is on this project's CI machine),
-    and a bulk load followed at once by a measurement would otherwise run on stale statistics."""
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        for model in (ReminderSubscription, Notification, Coupon):
-            cursor.execute(f"VACUUM ANALYZE {model._meta.db_table}")
 
 
 def _cleanup(coupons: list[Coupon], user_base: int, count: int) -> None:
@@ -353,9 +343,13 @@ def run(
     steady_rate: int = 2000,
     steady_seconds: int = 10,
     prestage_ms: int = DEFAULT_PRESTAGE_MS,
+    backlog: int = 0,
     progress: Progress | None = None,
     log_dir: str | None = None,
 ) -> dict[str, Any]:
+    """The burst and steady phases, without and with pre-staging. ``backlog``: then once more
+    the steady phase without pre-staging, with that many reminders pending a day ahead in the
+    same slots (``steady_*_with_backlog``)."""
     prefix = f"ccbench-{uuid.uuid4().hex[:8]}"
     settings.REDIS_KEY_PREFIX = prefix
     delivery_queue = f"bench-{uuid.uuid4().hex[:8]}"
@@ -392,6 +386,18 @@ def run(
                                 steady_rate, steady_seconds, BENCH_USER_BASE + count, progress
                             )
                         )
+            if backlog and steady_seconds > 0:
+                with prestage_window(0):
+                    day_ahead = queue.epoch_ms(timezone.now() + timedelta(days=1))
+                    backlog_bench.schedule_backlog(
+                        REMINDER_TOPIC, backlog, due_ms=day_ahead, slots=live.slots,
+                        progress=progress,
+                    )  # fmt: skip
+                    steady = bench_steady(
+                        steady_rate, steady_seconds, BENCH_USER_BASE + count, progress
+                    )
+                    result["backlog_pending"] = backlog
+                    result.update({f"{k}_with_backlog": v for k, v in steady.items()})
         # The headline of the burst: p99 from the due second to the inbox, with and without.
         result["burst_p99_ms_without_prestage"] = result.get("burst_lateness_p99_ms")
         result["burst_p99_ms"] = result.get("prestaged_burst_lateness_p99_ms")

@@ -25,6 +25,13 @@ class Command(BaseCommand):
             default=bench.DEFAULT_PRESTAGE_MS,
             help="the pre-staged burst's window (0 skips that phase)",
         )
+        parser.add_argument(
+            "--backlog",
+            type=int,
+            default=0,
+            help="then the steady phase again with this many reminders pending a day ahead "
+            "(0 skips it)",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(
@@ -36,10 +43,13 @@ class Command(BaseCommand):
             raise CommandError("--steady-rate must be >= 1 and --steady-seconds >= 0")
         if not 0 <= prestage_ms <= MAX_PRESTAGE_MS:
             raise CommandError(f"--prestage-ms must be between 0 and {MAX_PRESTAGE_MS}")
+        backlog = options["backlog"]
+        if not 0 <= backlog <= 50_000_000:
+            raise CommandError("--backlog must be between 0 and 50,000,000")
         with progress_bars(self.stderr._out) as progress:
             result = bench.run(count=count, steady_rate=steady_rate,
                                steady_seconds=steady_seconds, prestage_ms=prestage_ms,
-                               progress=progress)  # fmt: skip
+                               backlog=backlog, progress=progress)  # fmt: skip
         if options["json"]:
             self.stdout.write(json.dumps(result))
             return

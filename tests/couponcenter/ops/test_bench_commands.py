@@ -28,6 +28,8 @@ from tests.support.factories import CouponFactory
         ("bench_all", ["--only", "everything"], "--only takes"),
         ("bench_all", ["--count", "5"], "--count must be"),
         ("bench_reminders", ["--prestage-ms", "-1"], "--prestage-ms must be"),
+        ("bench_reminders", ["--backlog", "-1"], "--backlog must be between"),
+        ("bench_reminders", ["--backlog", "60000000"], "--backlog must be between"),
         ("bench_timeouts", ["--count", "5"], "--count must be within"),
         ("bench_timeouts", ["--concurrency", "0"], "--concurrency must be within"),
         ("bench_timeouts", ["--bulk-jobs", "10000", "--cancels", "20000"], "must not exceed"),

@@ -25,14 +25,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Max, Min
 from django.test import override_settings
 from django.utils import timezone
 
 from couponcenter.bench.progress import Progress
 from couponcenter.models import Coupon
 from reminders.bench.engine import _cleanup, _topic
-from reminders.bench.tables import vacuum_analyze
+from reminders.bench.tables import delete_bench_rows, delete_keys, vacuum_analyze
 from reminders.engine import connection as connection_redis
 from reminders.engine import keys, queue
 from reminders.engine.connection import Client
@@ -117,8 +116,9 @@ def bench_backlog_size(
     }
 
 
-_PG_SUBSCRIPTIONS_SQL = """
-INSERT INTO reminders_reminder_subscription_table
+_SUBSCRIPTIONS = ReminderSubscription._meta.db_table
+_PG_SUBSCRIPTIONS_SQL = f"""
+INSERT INTO {_SUBSCRIPTIONS}
     (coupon_id, user_id, remind_at, status, slot, priority, drop_reason, traceparent,
      created_at, updated_at)
 SELECT %(coupon)s, g, %(at)s + make_interval(secs => g %% 3600), 'scheduled', g %% 16,
@@ -130,15 +130,16 @@ FROM generate_series(%(lo)s, %(hi)s) g
 def _load_subscriptions(coupon: Coupon, count: int, progress: Progress | None) -> None:
     """``count`` scheduled subscriptions of ``coupon`` (users ``USER_BASE + i``), in chunks."""
     at = timezone.now() + timedelta(days=365)
-    table = ReminderSubscription._meta.db_table
-    sql = _PG_SUBSCRIPTIONS_SQL.replace("reminders_reminder_subscription_table", table)
     for lo in range(0, count, REBUILD_LOAD_CHUNK):
         hi = min(lo + REBUILD_LOAD_CHUNK, count)
         with transaction.atomic():
             if connection.vendor == "postgresql":
                 params = {"coupon": coupon.pk, "at": at, "now": timezone.now()}
                 with connection.cursor() as cursor:
-                    cursor.execute(sql, {**params, "lo": USER_BASE + lo, "hi": USER_BASE + hi - 1})
+                    cursor.execute(
+                        _PG_SUBSCRIPTIONS_SQL,
+                        {**params, "lo": USER_BASE + lo, "hi": USER_BASE + hi - 1},
+                    )
             else:
                 ReminderSubscription.objects.bulk_create(
                     ReminderSubscription(coupon=coupon, user_id=USER_BASE + i, slot=i % 16,
@@ -150,15 +151,6 @@ def _load_subscriptions(coupon: Coupon, count: int, progress: Progress | None) -
     vacuum_analyze()
 
 
-def _delete_subscriptions(coupon: Coupon) -> None:
-    span = ReminderSubscription.objects.filter(coupon=coupon).aggregate(lo=Min("pk"), hi=Max("pk"))
-    for lo in range(span["lo"] or 0, (span["hi"] or -1) + 1, REBUILD_LOAD_CHUNK):
-        ReminderSubscription.objects.filter(
-            coupon=coupon, pk__range=(lo, lo + REBUILD_LOAD_CHUNK - 1)
-        )._raw_delete(connection.alias)
-    Coupon.objects.filter(pk=coupon.pk).delete()
-
-
 def bench_rebuild_size(count: int, *, progress: Progress | None = None) -> dict[str, Any]:
     """Scheduled reminders re-indexed from PostgreSQL per second, with ``count`` of them."""
     if ReminderSubscription.objects.filter(status=ReminderSubscription.Status.SCHEDULED).exists():
@@ -167,7 +159,6 @@ def bench_rebuild_size(count: int, *, progress: Progress | None = None) -> dict[
         name="__bench_rebuild__", claim_opens_at=timezone.now() + timedelta(days=400),
         total_stock=max(count, 1), valid_for=timedelta(days=1),
     )  # fmt: skip
-    client = connection_redis.client()
     bench_prefix = f"bench-rebuild-{uuid.uuid4().hex[:8]}"
     try:
         _load_subscriptions(coupon, count, progress)
@@ -184,9 +175,8 @@ def bench_rebuild_size(count: int, *, progress: Progress | None = None) -> dict[
             added = subscriptions_reindex(progress=step)
             seconds = time.perf_counter() - started
     finally:
-        for key in client.scan_iter(match=f"{bench_prefix}:*", count=10_000):
-            client.unlink(key)
-        _delete_subscriptions(coupon)
+        delete_keys(bench_prefix)
+        delete_bench_rows([coupon], USER_BASE, count)
     if added != count:
         raise AssertionError(f"the rebuild indexed {added} of {count} scheduled reminders")
     return {

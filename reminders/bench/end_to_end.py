@@ -36,12 +36,11 @@ from django.utils import timezone
 from couponcenter.bench.lateness import lateness_summary
 from couponcenter.bench.progress import Progress
 from couponcenter.core.db.times import aware_time
-from couponcenter.core.redis import get_redis
 from couponcenter.models import Coupon
 from reminders import metrics
 from reminders.bench import backlog as backlog_bench
 from reminders.bench import engine as engine_bench
-from reminders.bench.tables import vacuum_analyze
+from reminders.bench.tables import delete_bench_rows, delete_keys, vacuum_analyze
 from reminders.engine import leases, queue
 from reminders.engine.keys import slot_for
 from reminders.members import REMINDER_TOPIC, member
@@ -142,26 +141,6 @@ def _subscriptions(
         .order_by("pk")
         .values_list("pk", "user_id", "slot")
     )
-
-
-def _cleanup(coupons: list[Coupon], user_base: int, count: int) -> None:
-    users = (user_base, user_base + count)
-    while Notification.objects.filter(user_id__range=users).exists():
-        ids = Notification.objects.filter(user_id__range=users).values_list("pk", flat=True)[
-            :20_000
-        ]
-        Notification.objects.filter(pk__in=list(ids)).delete()
-    for coupon in coupons:
-        ReminderSubscription.objects.filter(coupon=coupon)._raw_delete(connection.alias)
-        coupon.delete()
-
-
-def _delete_keys(prefix: str) -> None:
-
-    client = get_redis()
-    batch = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    for i in range(0, len(batch), 1000):
-        client.delete(*batch[i : i + 1000])
 
 
 # --- measuring ------------------------------------------------------------------------------------
@@ -274,7 +253,7 @@ def bench_burst(
             **figures,
         }
     finally:
-        _cleanup([coupon], user_base, count)
+        delete_bench_rows([coupon], user_base, count)
         vacuum_analyze()
 
 
@@ -313,7 +292,7 @@ def bench_steady(
             **lateness_summary(lateness, prefix="steady_lateness"),
         }
     finally:
-        _cleanup([coupon], user_base, count)
+        delete_bench_rows([coupon], user_base, count)
         vacuum_analyze()
 
 
@@ -402,5 +381,5 @@ def run(
         result["burst_p99_ms_without_prestage"] = result.get("burst_lateness_p99_ms")
         result["burst_p99_ms"] = result.get("prestaged_burst_lateness_p99_ms")
     finally:
-        _delete_keys(prefix)
+        delete_keys(prefix)
     return result

@@ -24,11 +24,10 @@ from django.utils import timezone
 from reminders.bench.end_to_end import (
     CELERY_CONCURRENCY,
     Progress,
-    _cleanup,
     _coupon,
     _subscriptions,
-    vacuum_analyze,
 )
+from reminders.bench.tables import delete_bench_rows, vacuum_analyze
 from reminders.gateways import INSERT_CHUNK
 from reminders.models import Notification, ReminderSubscription
 
@@ -109,5 +108,5 @@ def bench_raw_inbox(
             "raw_inbox_written": written,
         }
     finally:
-        _cleanup([coupon], user_base, count)
+        delete_bench_rows([coupon], user_base, count)
         vacuum_analyze()

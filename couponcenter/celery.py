@@ -1,10 +1,11 @@
 import os
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_process_shutdown
+from celery.signals import task_postrun, task_prerun, worker_process_init, worker_process_shutdown
 from django.db import close_old_connections
 
 from couponcenter.core.metrics import mark_process_dead
+from couponcenter.core.process import tune_gc
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "couponcenter.settings")
 
@@ -31,3 +32,8 @@ def _close_old_connections(task=None, **kwargs) -> None:
 @worker_process_shutdown.connect
 def _metrics_child_exited(pid: int | None = None, **kwargs) -> None:
     mark_process_dead(pid)
+
+
+@worker_process_init.connect
+def _tune_child_gc(**kwargs) -> None:
+    tune_gc()  # a child delivers 2,000-reminder batches for its whole life (see tune_gc)

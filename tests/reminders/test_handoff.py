@@ -14,7 +14,10 @@ from django.utils import timezone
 
 from couponcenter.celery import app as celery_app
 from couponcenter.core.redis import broker_client
-from reminders.engine import queue
+from reminders import metrics
+from reminders.engine import keys, queue, scripts
+from reminders.engine.connection import client as engine_client
+from reminders.handlers.coupon_reminders import end_round, handle_reminders
 from reminders.members import REMINDER_TOPIC
 from reminders.models import Notification, ReminderSubscription
 from reminders.runtime.worker import build_worker
@@ -123,6 +126,34 @@ def test_full_batches_go_out_at_once_during_a_round(reminder_settings, delivery_
         worker.shutdown()
     sizes = sorted(sum(len(m) for _, m in b["parts"]) for b in _published(name, client))
     assert sizes == [5, 10, 10]
+
+
+def test_a_round_records_its_dispatched_count_once_at_its_end(reminder_settings, delivery_queue):
+    """Per batch, handing on only adds to the round's count; the round's end records it (one
+    metrics round trip per round, not one per batch)."""
+    reminder_settings.change(slots=1, batch_size=10)
+    _subscribers(25)
+    before = metrics.count(REMINDER_TOPIC, "dispatched", minutes=2)
+    token = scripts.lease_acquire(engine_client(), keys.slot_keys(REMINDER_TOPIC, 0),
+                                  holder="test", ttl_ms=60_000)  # fmt: skip
+    entries = queue.claim(REMINDER_TOPIC, 0, now_ms=queue.epoch_ms() + 60_000, limit=10,
+                          visibility_ms=30_000, lease_token=token)  # fmt: skip
+    scripts.lease_release(engine_client(), keys.slot_keys(REMINDER_TOPIC, 0).lease, token=token)
+    assert len(entries) == 10
+    handle_reminders(REMINDER_TOPIC, entries, 0)
+    assert metrics.count(REMINDER_TOPIC, "dispatched", minutes=2) == before  # not yet
+
+    end_round(REMINDER_TOPIC)
+    assert metrics.count(REMINDER_TOPIC, "dispatched", minutes=2) == before + 10
+    end_round(REMINDER_TOPIC)  # nothing new: nothing recorded twice
+    assert metrics.count(REMINDER_TOPIC, "dispatched", minutes=2) == before + 10
+
+    worker = build_worker([REMINDER_TOPIC])
+    try:
+        worker.run_until_idle()
+    finally:
+        worker.shutdown()
+    assert metrics.count(REMINDER_TOPIC, "dispatched", minutes=2) == before + 25
 
 
 def test_a_refused_publish_puts_the_round_back_with_backoff(

@@ -2,6 +2,7 @@ import logging
 
 from django.core.management.base import BaseCommand, CommandError
 
+from couponcenter.core.process import tune_gc
 from reminders.runtime.worker import build_worker
 
 logger = logging.getLogger(__name__)
@@ -31,4 +32,5 @@ class Command(BaseCommand):
             )
             return
         self.stdout.write(f"reminder worker {worker.worker_id} running; SIGTERM to stop")
+        tune_gc()
         worker.run_forever()

@@ -123,7 +123,8 @@ def _warm_celery() -> None:
     they cost about 55 ms of imports in the middle of the first burst. No connection is opened
     (the broker may be down at start; the backpressure check reports that)."""
     current_app.finalize(auto=True)
-    current_app.connection_for_write().transport  # noqa: B018  (the import is the point)
+    with current_app.connection_for_write() as conn:
+        conn.transport  # noqa: B018  (the import is the point; released unconnected)
     current_app.amqp.producer_pool  # noqa: B018
 
 

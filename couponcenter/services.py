@@ -15,6 +15,7 @@ Invariants (held by the database, not by luck):
 
 from __future__ import annotations
 
+import functools
 import random
 from contextlib import nullcontext
 from datetime import datetime, timedelta
@@ -33,6 +34,7 @@ from rest_framework.authtoken.models import Token
 from expiry.models import ExpiryTask
 
 from . import rules, signals, stock
+from .core.db import prepared
 from .core.errors import BusinessError
 from .models import MAX_PER_USER_LIMIT, Account, Coupon, CouponStockShard, UserCoupon
 from .rules import ClaimRefused, CouponStateError, RedeemRefused
@@ -308,13 +310,6 @@ def _claim_once_one_statement(
 def _claim_statement(
     *, coupon_id: int, user_id: int, seq: int, now: datetime, wait: bool
 ) -> tuple | None:
-    sql = _CLAIM_SQL.format(
-        coupon=connection.ops.quote_name(Coupon._meta.db_table),
-        shard=connection.ops.quote_name(CouponStockShard._meta.db_table),
-        user_coupon=connection.ops.quote_name(UserCoupon._meta.db_table),
-        task=connection.ops.quote_name(ExpiryTask._meta.db_table),
-        skip_locked="" if wait else "SKIP LOCKED",
-    )
     params = {
         "coupon_id": coupon_id, "user_id": user_id, "seq": seq, "now": now,
         "start": 0 if wait else random.randrange(stock.shard_count()),
@@ -327,8 +322,29 @@ def _claim_statement(
     # Inside a caller's transaction, a failed statement must only roll back to a savepoint.
     savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
     with savepoint, connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        prepared.execute(cursor, _claim_prepared(wait), params)
         return cursor.fetchone()
+
+
+@functools.cache
+def _claim_prepared(wait: bool) -> prepared.Prepared:
+    """The claim statement, prepared on each connection that runs it (see
+    ``couponcenter.core.db.prepared``: its planning cost more than running it)."""
+    quote = connection.ops.quote_name
+    sql = _CLAIM_SQL.format(
+        coupon=quote(Coupon._meta.db_table),
+        shard=quote(CouponStockShard._meta.db_table),
+        user_coupon=quote(UserCoupon._meta.db_table),
+        task=quote(ExpiryTask._meta.db_table),
+        skip_locked="" if wait else "SKIP LOCKED",
+    )
+    return prepared.Prepared(
+        "cc_claim_wait" if wait else "cc_claim",
+        sql,
+        (("coupon_id", "bigint"), ("user_id", "bigint"), ("seq", "integer"),
+         ("now", "timestamptz"), ("start", "integer"), ("active", "text"), ("unused", "text"),
+         ("pending", "text")),
+    )  # fmt: skip
 
 
 def _free_seq(*, coupon_id: int, user_id: int) -> int:

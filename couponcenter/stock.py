@@ -26,6 +26,7 @@ Invariants (held by row locks and a check constraint, not by luck):
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -36,6 +37,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import OuterRef, Subquery, Sum
 
+from .core.db import prepared
 from .models import Coupon, CouponStockShard
 
 logger = logging.getLogger(__name__)
@@ -125,11 +127,10 @@ def coupon_claimed_count_fold(*, coupon_id: int) -> None:
     if connection.vendor == "postgresql":
         asynchronous = not connection.in_atomic_block
         with connection.cursor() as cursor:
-            cursor.execute(_FOLD_SQL.format(
-                coupon=connection.ops.quote_name(Coupon._meta.db_table),
-                shard=connection.ops.quote_name(CouponStockShard._meta.db_table),
-                sync="off" if asynchronous else "on",
-            ), {"coupon_id": coupon_id, "local": asynchronous})  # fmt: skip
+            prepared.execute(
+                cursor, _fold_prepared(asynchronous),
+                {"coupon_id": coupon_id, "local": asynchronous},
+            )  # fmt: skip
         return
     claims = Subquery(
         CouponStockShard.objects.filter(coupon_id=OuterRef("pk"))
@@ -206,3 +207,14 @@ WITH claims AS (
 UPDATE {coupon} SET claimed_count = claims.n FROM claims, mode
 WHERE id = %(coupon_id)s AND claimed_count < claims.n
 """
+
+
+@functools.cache
+def _fold_prepared(asynchronous: bool) -> prepared.Prepared:
+    sql = _FOLD_SQL.format(
+        coupon=connection.ops.quote_name(Coupon._meta.db_table),
+        shard=connection.ops.quote_name(CouponStockShard._meta.db_table),
+        sync="off" if asynchronous else "on",
+    )
+    name = "cc_fold_async" if asynchronous else "cc_fold"
+    return prepared.Prepared(name, sql, (("coupon_id", "bigint"), ("local", "boolean")))

@@ -67,15 +67,17 @@ DEFAULT_PRESTAGE_MS = ReminderSettings._meta.get_field("prestage_ms").default
 @contextmanager
 def bench_processes(prefix: str, delivery_queue: str, *, log_dir: str):
     """A reminder worker and a Celery worker (concurrency 2) on the bench's prefix and queue."""
+    # BENCH_LOG_LEVEL=INFO keeps the workers' round, reconciler and backpressure lines.
+    level = os.environ.get("BENCH_LOG_LEVEL", "WARNING")
     env = {**os.environ, "REDIS_KEY_PREFIX": prefix, "DELIVERY_QUEUE": delivery_queue,
-           "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+           "LOG_LEVEL": level, "PYTHONUNBUFFERED": "1"}  # fmt: skip
     manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
     # Delivery runs at a lower CPU priority than dispatch, as the README's deployment section
     # advises for hosts that share them: the claim is the latency-critical step.
     celery = ["nice", "-n", str(CELERY_NICE), sys.executable, "-m", "celery", "-A", "couponcenter",
               "worker", "--pool", "prefork", "--concurrency", str(CELERY_CONCURRENCY),
               "-Q", delivery_queue, "--without-gossip", "--without-mingle", "--without-heartbeat",
-              "--loglevel", "WARNING"]  # fmt: skip
+              "--loglevel", level]  # fmt: skip
     os.makedirs(log_dir, exist_ok=True)
     celery_log = open(os.path.join(log_dir, "bench-celery.log"), "w")  # noqa: SIM115
     worker_log = open(os.path.join(log_dir, "bench-worker.log"), "w")  # noqa: SIM115
@@ -186,6 +188,30 @@ def _inbox_lateness_ms(coupon: Coupon) -> list[float]:
         * 1000
         for created, visible, remind_at in rows
     ]
+
+
+# A steady-phase reminder this late is reported with its rows (the bench log, WARNING).
+LATE_REPORT_MS = 5_000
+
+
+def _report_late_rows(coupon: Coupon, sample: int = 5) -> None:
+    """How many reminders of ``coupon`` showed late, and the latest few of them, row by row:
+    enough to tell a late write from a late due time or a row of another phase."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """SELECT s.id, s.status, s.remind_at, s.sent_at, n.id, n.created_at, n.visible_at
+               FROM reminders_notification n
+               JOIN reminders_remindersubscription s ON s.user_id = n.user_id
+               WHERE s.coupon_id = %s
+                 AND GREATEST(n.created_at, n.visible_at) > s.remind_at + %s
+               ORDER BY GREATEST(n.created_at, n.visible_at) - s.remind_at DESC""",
+            [coupon.pk, timedelta(milliseconds=LATE_REPORT_MS)],
+        )
+        rows = cursor.fetchall()
+    logger.warning(
+        "bench: %d reminders of coupon %s over %d ms late; the latest: %s",
+        len(rows), coupon.pk, LATE_REPORT_MS, rows[:sample],
+    )  # fmt: skip
 
 
 def settle(progress: Progress | None, timeout: float = 120) -> None:
@@ -309,6 +335,8 @@ def bench_steady(
         base = _counter("delivered")()
         _wait("steady", lambda: _counter("delivered")() - base, count, seconds + 120, progress)
         lateness = _inbox_lateness_ms(coupon)
+        if lateness and max(lateness) > LATE_REPORT_MS:
+            _report_late_rows(coupon)
         return {
             "steady_rate_per_s": rate,
             "steady_count": count,

@@ -30,3 +30,8 @@ class DatabaseWrapper(base.DatabaseWrapper):
             self.health_check_done = True
         super().close_if_health_check_failed()
         self._used_at = time.monotonic()
+
+    def get_new_connection(self, conn_params):
+        # Statements prepared on the server (couponcenter.core.db.prepared) die with its session.
+        self.prepared_statements: set[str] = set()
+        return super().get_new_connection(conn_params)

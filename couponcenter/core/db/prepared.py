@@ -1,0 +1,94 @@
+"""Server-side prepared statements for the hottest statements (PostgreSQL, ``PREPARE``/``EXECUTE``).
+
+A claim is one statement whose planning costs PostgreSQL more than running it (0.18 ms against
+0.15 ms, measured with ``EXPLAIN (ANALYZE, SUMMARY)``): a prepared statement is parsed and planned
+once per connection (PostgreSQL then keeps a generic plan once it costs no more than the custom
+ones) and each call sends only its parameters.
+
+- A statement is prepared on a connection the first time it runs there, under a name that carries
+  a hash of its text, so two versions of the code (a rolling deploy) never share a name on one
+  server. ``PREPARE`` is not transactional: a rollback does not undo it.
+- Only in autocommit. Inside a caller's transaction the statement runs as plain SQL, so a failed
+  ``EXECUTE`` can never abort that transaction.
+- ``DB_PREPARED_STATEMENTS=0`` turns it off, as it must be behind a pooler in transaction mode
+  (PgBouncer): there the next statement may run on another server connection. If a prepared
+  statement is missing all the same (``26000``, say after a ``DISCARD ALL``), the call runs as
+  plain SQL and the statement is prepared again on the next one.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+
+# SQLSTATE invalid_sql_statement_name: EXECUTE of a name this server connection never prepared.
+_NOT_PREPARED = "26000"
+# SQLSTATE duplicate_prepared_statement.
+_ALREADY_PREPARED = "42P05"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One statement: ``sql`` with ``%(name)s`` placeholders, and its parameters in order as
+    ``(name, PostgreSQL type)`` pairs. A name may appear several times in ``sql``."""
+
+    name: str
+    sql: str
+    params: tuple[tuple[str, str], ...]
+    key: str = field(init=False)
+    _prepare: str = field(init=False, repr=False)
+    _execute: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        text = self.sql
+        for i, (param, _) in enumerate(self.params, start=1):
+            placeholder = f"%({param})s"
+            if placeholder not in text:
+                raise ValueError(f"{self.name}: no {placeholder} in the statement")
+            text = text.replace(placeholder, f"${i}")
+        if "%(" in text:
+            raise ValueError(f"{self.name}: a parameter of the statement has no type")
+        key = f"{self.name}_{zlib.crc32(text.encode()):08x}"
+        types = ", ".join(kind for _, kind in self.params)
+        arguments = ", ".join(["%s"] * len(self.params))
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "_prepare", f"PREPARE {key}({types}) AS {text}")
+        object.__setattr__(self, "_execute", f"EXECUTE {key}({arguments})")
+
+
+def execute(cursor, statement: Prepared, params: dict[str, Any]) -> None:
+    """Run ``statement`` with ``params`` on ``cursor`` (of ``django.db.connection``): prepared
+    where it may be (see the module docstring), as plain SQL otherwise."""
+    if not _may_prepare():
+        cursor.execute(statement.sql, params)
+        return
+    prepared = connection.prepared_statements
+    if statement.key not in prepared:
+        try:
+            cursor.execute(statement._prepare)
+        except DatabaseError as exc:
+            # Prepared already on this server session (behind a pooler): the name carries the
+            # text's hash, so it is this very statement.
+            if getattr(exc.__cause__, "pgcode", None) != _ALREADY_PREPARED:
+                raise
+        prepared.add(statement.key)
+    try:
+        cursor.execute(statement._execute, [params[name] for name, _ in statement.params])
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "pgcode", None) != _NOT_PREPARED:
+            raise
+        prepared.discard(statement.key)
+        cursor.execute(statement.sql, params)
+
+
+def _may_prepare() -> bool:
+    # Our PostgreSQL backend (couponcenter.core.db.postgresql) keeps the names per connection.
+    return (
+        settings.DB_PREPARED_STATEMENTS
+        and hasattr(connection, "prepared_statements")
+        and not connection.in_atomic_block
+    )

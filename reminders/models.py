@@ -266,7 +266,17 @@ class Notification(models.Model):
             models.UniqueConstraint(fields=["user_id", "dedup_key"], name="notification_once")
         ]
         # No separate inbox index: the unique (user_id, dedup_key) index finds a user's rows, and
-        # every index costs each of the 200,000 inserts of a burst.
+        # every index costs each of the 200,000 inserts of a burst. Only the staged rows (written
+        # before they show) are indexed apart: delivery looks up a batch's users' staged rows,
+        # and for a burst that was not pre-staged there are none, so that lookup is an empty
+        # index instead of 2,000 probes of the unique one (a tenth of a delivery's time).
+        indexes = [
+            models.Index(
+                fields=["user_id"],
+                condition=models.Q(visible_at__gt=models.F("created_at")),
+                name="notification_staged",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"to {self.user_id}: {self.title or self.kind}"

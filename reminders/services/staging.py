@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from reminders.models import Notification, ReminderSubscription
@@ -101,11 +101,17 @@ def hidden_reminder_notes(
     """The reminder notifications of ``user_ids`` still hidden (staged), in chunks:
     ``(id, user id, visible_at, subscription ids)``."""
     for start in range(0, len(user_ids), REINDEX_CHUNK):
-        rows = Notification.objects.filter(
-            user_id__in=user_ids[start : start + REINDEX_CHUNK],
-            kind=REMINDER_KIND,
-            visible_at__gt=now,
-        ).values_list("pk", "user_id", "visible_at", "payload")
+        rows = (
+            Notification.objects.filter(
+                user_id__in=user_ids[start : start + REINDEX_CHUNK],
+                kind=REMINDER_KIND,
+                visible_at__gt=now,
+            )
+            # Implied (a row still hidden was written before it shows), and what lets the lookup
+            # use the index of staged rows (``notification_staged``).
+            .filter(visible_at__gt=F("created_at"))
+            .values_list("pk", "user_id", "visible_at", "payload")
+        )
         for pk, user, visible_at, payload in rows:
             yield pk, user, visible_at, set((payload or {}).get("subscriptions") or ())
 

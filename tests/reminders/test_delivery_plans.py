@@ -1,5 +1,5 @@
 """Delivery finds its batch's subscriptions by their primary key, whatever the table's
-statistics say.
+statistics say, and its users' staged notifications through the index of staged rows.
 
 Seen in bench_reminders: with statistics taken while the table was nearly empty and then
 200,000 reminders scheduled, PostgreSQL planned delivery's ``status = 'scheduled' AND id IN
@@ -11,10 +11,12 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from reminders.members import REMINDER_TOPIC, member
 from reminders.models import Notification, ReminderSubscription
 from reminders.services.delivery import reminders_deliver
+from reminders.services.staging import hidden_reminder_notes
 from tests.support.factories import CouponFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
@@ -72,3 +74,43 @@ def test_a_delivery_batch_goes_by_the_primary_key(stale_statistics):
     assert Notification.objects.count() == BATCH
     assert ReminderSubscription.objects.filter(status="sent").count() == BATCH
     assert ReminderSubscription.objects.filter(status="scheduled").count() == SCHEDULED_ROWS - BATCH
+
+
+DELIVERED_ROWS = 50_000
+STAGED_ROWS = 10
+
+
+def test_the_lookup_of_a_batchs_staged_notifications_uses_their_index():
+    """A batch looks up its 2,000 users' staged rows; among 50,000 shown ones that is an index
+    of ten entries, not 2,000 probes of the inbox's unique index."""
+    table = Notification._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (user_id, dedup_key, kind, title, body, payload, created_at,"
+            " visible_at, push, held)"
+            " SELECT g, 'shown-' || g, 'coupon_reminder', '', '', '{}', now(), now(), true, false"
+            " FROM generate_series(1, %s) g",
+            [DELIVERED_ROWS],
+        )
+        cursor.execute(
+            f"INSERT INTO {table} (user_id, dedup_key, kind, title, body, payload, created_at,"
+            " visible_at, push, held)"
+            " SELECT g, 'staged-' || g, 'coupon_reminder', '', '',"
+            " json_build_object('subscriptions', json_build_array(g)),"
+            " now(), now() + interval '1 hour', true, false"
+            " FROM generate_series(1, %s) g",
+            [STAGED_ROWS],
+        )
+        cursor.execute(f"ANALYZE {table}")
+    users = list(range(1, 2001))
+    with CaptureQueriesContext(connection) as queries:
+        found = list(hidden_reminder_notes(users, timezone.now()))
+    assert sorted((user, subs) for _, user, _, subs in found) == [
+        (g, {g}) for g in range(1, STAGED_ROWS + 1)
+    ]
+    (lookup,) = [q["sql"] for q in queries.captured_queries]
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {lookup}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "notification_staged" in plan, plan
+    assert "Seq Scan" not in plan, plan

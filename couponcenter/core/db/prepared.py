@@ -9,7 +9,8 @@ ones) and each call sends only its parameters.
   a hash of its text, so two versions of the code (a rolling deploy) never share a name on one
   server. ``PREPARE`` is not transactional: a rollback does not undo it.
 - Only in autocommit. Inside a caller's transaction the statement runs as plain SQL, so a failed
-  ``EXECUTE`` can never abort that transaction.
+  ``EXECUTE`` can never abort that transaction. Nor on connections that live for one request
+  (``CONN_MAX_AGE`` 0), where the ``PREPARE`` would be used once.
 - ``DB_PREPARED_STATEMENTS=0`` turns it off, as it must be behind a pooler in transaction mode
   (PgBouncer): there the next statement may run on another server connection. If a prepared
   statement is missing all the same (``26000``, say after a ``DISCARD ALL``), the call runs as
@@ -87,8 +88,11 @@ def execute(cursor, statement: Prepared, params: dict[str, Any]) -> None:
 
 def _may_prepare() -> bool:
     # Our PostgreSQL backend (couponcenter.core.db.postgresql) keeps the names per connection.
+    # A connection closed after every request (CONN_MAX_AGE 0) would prepare for one use only:
+    # that costs a round trip more than the plain statement.
     return (
         settings.DB_PREPARED_STATEMENTS
         and hasattr(connection, "prepared_statements")
         and not connection.in_atomic_block
+        and connection.settings_dict.get("CONN_MAX_AGE") != 0
     )

@@ -113,6 +113,18 @@ def test_turned_off_nothing_is_prepared(settings):
     assert claimed(coupon) == (2, 2, 2)
 
 
+def test_connections_that_live_for_one_request_prepare_nothing():
+    before = connection.settings_dict["CONN_MAX_AGE"]
+    connection.settings_dict["CONN_MAX_AGE"] = 0
+    try:
+        coupon = CouponFactory(total_stock=100)
+        services.coupon_claim(coupon_id=coupon.pk, user_id=1)
+        assert not on_server("cc_")
+    finally:
+        connection.settings_dict["CONN_MAX_AGE"] = before
+    assert claimed(coupon) == (1, 1, 1)
+
+
 def test_the_name_follows_the_text():
     one = Prepared("probe", "SELECT %(a)s::int", (("a", "integer"),))
     same = Prepared("probe", "SELECT %(a)s::int", (("a", "integer"),))

@@ -92,7 +92,7 @@ class Dispatcher:
         clock: Callable[[], int] = wall_ms,
         version: str = "",
         on_error: Callable[[BaseException], None] | None = None,
-        housekeeping: Sequence[Callable[[], None]] = (),
+        housekeeping: Sequence[Callable[[], object]] = (),
         may_claim: Callable[[Topic], bool] | None = None,
         maintenance_every_ms: int = 0,
         min_sleep_ms: float = MIN_SLEEP_S * 1000,

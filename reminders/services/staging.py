@@ -107,8 +107,11 @@ def hidden_reminder_notes(
                 kind=REMINDER_KIND,
                 visible_at__gt=now,
             )
-            # Implied (a row still hidden was written before it shows), and what lets the lookup
-            # use the index of staged rows (``notification_staged``).
+            # What lets the lookup use the index of staged rows (``notification_staged``). A row
+            # still hidden at the time of its commit was written before it shows, so this only
+            # leaves out rows that were visible on commit (due between delivery's clock reading
+            # and its insert's), which a ``now`` read before a lock wait may count as hidden:
+            # already shown, they are delivered, as the module says.
             .filter(visible_at__gt=F("created_at"))
             .values_list("pk", "user_id", "visible_at", "payload")
         )

@@ -26,8 +26,10 @@ before = set(sys.modules)
 current_app.send_task("reminders.deliver_reminders", args=[{}], queue=queue)
 imported = sorted(set(sys.modules) - before)
 with current_app.connection_for_write() as conn:
-    published = conn.default_channel.client.llen(queue)
-    conn.default_channel.client.delete(queue)
+    client = conn.default_channel.client
+    published = client.llen(queue)
+    for key in list(client.scan_iter(match=f"*{queue}*")):  # the queue and kombu's binding
+        client.delete(key)
 print(json.dumps({"imported": imported, "published": published}))
 """
 
@@ -36,7 +38,7 @@ def probe(mode: str) -> dict:
     queue = f"warmup-probe-{uuid.uuid4().hex[:8]}"
     out = subprocess.run(
         [sys.executable, "-c", PROBE, queue, mode],
-        capture_output=True, text=True, check=True, cwd=settings.BASE_DIR,
+        capture_output=True, text=True, check=True, cwd=settings.BASE_DIR, timeout=120,
     )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -6,8 +6,9 @@ once per connection (PostgreSQL then keeps a generic plan once it costs no more 
 ones) and each call sends only its parameters.
 
 - A statement is prepared on a connection the first time it runs there, under a name that carries
-  a hash of its text, so two versions of the code (a rolling deploy) never share a name on one
-  server. ``PREPARE`` is not transactional: a rollback does not undo it.
+  a hash of its whole ``PREPARE`` (text and parameter types), so two versions of the code (a
+  rolling deploy behind a session pooler) never take one name for different statements in one
+  session. ``PREPARE`` is not transactional: a rollback does not undo it.
 - Only in autocommit. Inside a caller's transaction the statement runs as plain SQL, so a failed
   ``EXECUTE`` can never abort that transaction. Nor on connections that live for one request
   (``CONN_MAX_AGE`` 0), where the ``PREPARE`` would be used once.
@@ -25,6 +26,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection
+from django.db.backends.utils import CursorWrapper
 
 # SQLSTATE invalid_sql_statement_name: EXECUTE of a name this server connection never prepared.
 _NOT_PREPARED = "26000"
@@ -53,15 +55,20 @@ class Prepared:
             text = text.replace(placeholder, f"${i}")
         if "%(" in text:
             raise ValueError(f"{self.name}: a parameter of the statement has no type")
-        key = f"{self.name}_{zlib.crc32(text.encode()):08x}"
+        if "%" in text:
+            # The plain statement's %% is a %, the PREPARE (sent without parameters) would keep
+            # both: the two paths would run different SQL.
+            raise ValueError(f"{self.name}: a literal % in the statement")
         types = ", ".join(kind for _, kind in self.params)
+        signature = f"({types}) AS {text}"
+        key = f"{self.name}_{zlib.crc32(signature.encode()):08x}"
         arguments = ", ".join(["%s"] * len(self.params))
         object.__setattr__(self, "key", key)
-        object.__setattr__(self, "_prepare", f"PREPARE {key}({types}) AS {text}")
+        object.__setattr__(self, "_prepare", f"PREPARE {key}{signature}")
         object.__setattr__(self, "_execute", f"EXECUTE {key}({arguments})")
 
 
-def execute(cursor, statement: Prepared, params: dict[str, Any]) -> None:
+def execute(cursor: CursorWrapper, statement: Prepared, params: dict[str, Any]) -> None:
     """Run ``statement`` with ``params`` on ``cursor`` (of ``django.db.connection``): prepared
     where it may be (see the module docstring), as plain SQL otherwise."""
     if not _may_prepare():
@@ -93,6 +100,7 @@ def _may_prepare() -> bool:
     return (
         settings.DB_PREPARED_STATEMENTS
         and hasattr(connection, "prepared_statements")
+        and connection.get_autocommit()
         and not connection.in_atomic_block
         and connection.settings_dict.get("CONN_MAX_AGE") != 0
     )

@@ -23,8 +23,8 @@ def on_server(prefix: str) -> dict[str, tuple[int, int]]:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements "
-            "WHERE name LIKE %s",
-            [f"{prefix}%"],
+            "WHERE starts_with(name, %s)",
+            [prefix],
         )
         return {name: (generic, custom) for name, generic, custom in cursor.fetchall()}
 
@@ -125,11 +125,13 @@ def test_connections_that_live_for_one_request_prepare_nothing():
     assert claimed(coupon) == (1, 1, 1)
 
 
-def test_the_name_follows_the_text():
+def test_the_name_follows_the_text_and_the_types():
     one = Prepared("probe", "SELECT %(a)s::int", (("a", "integer"),))
     same = Prepared("probe", "SELECT %(a)s::int", (("a", "integer"),))
     other = Prepared("probe", "SELECT %(a)s::int + 1", (("a", "integer"),))
-    assert one.key == same.key != other.key
+    retyped = Prepared("probe", "SELECT %(a)s::int", (("a", "bigint"),))
+    assert one.key == same.key
+    assert len({one.key, other.key, retyped.key}) == 3
     assert one.key.startswith("probe_")
 
 
@@ -138,6 +140,7 @@ def test_the_name_follows_the_text():
     [
         ("SELECT %(a)s, %(b)s", (("a", "integer"),), "has no type"),
         ("SELECT 1", (("a", "integer"),), r"no %\(a\)s in the statement"),
+        ("SELECT %(a)s %% 2", (("a", "integer"),), "a literal %"),
     ],
 )
 def test_a_statement_and_its_parameters_must_match(sql, params, message):

@@ -50,13 +50,11 @@ def run_threads(targets) -> list:
 
 
 def sweeper_batches(*, now, batch_size):
-    """One sweeper: batches until a short one; returns each batch's processed task ids."""
-    batches = []
-    while True:
-        result = services.expiry_sweep_batch(now=now, batch_size=batch_size, collect_ids=True)
-        batches.append(result.task_ids)
-        if result.claimed < batch_size:
-            return batches
+    """One sweeper's pass; returns each batch's processed task ids."""
+    totals = services.expiry_sweep_due(
+        now=now, batch_size=batch_size, keep_results=True, collect_ids=True
+    )
+    return [result.task_ids for result in totals.results]
 
 
 def test_two_sweepers_over_50000_due_tasks_expire_each_coupon_exactly_once():

@@ -1,0 +1,88 @@
+"""A batch's two ways on a real PostgreSQL: the fast way (no explicit row locks; sweepers split
+the work by an advisory lock per batch) and the careful way it falls back to when a row lock is
+held too long (``SKIP LOCKED``)."""
+
+from __future__ import annotations
+
+import psycopg2
+import pytest
+from django.db import connection
+
+from couponcenter.models import UserCoupon
+from expiry import services
+from expiry.bench.sweep import BENCH_NOW, bench_data_load
+from expiry.models import ExpiryTask
+from tests.support.factories import CouponFactory
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def other_session():
+    db = connection.settings_dict
+    session = psycopg2.connect(
+        dbname=db["NAME"], user=db["USER"], host=db["HOST"], port=db["PORT"] or 5432
+    )
+    yield session
+    session.rollback()
+    session.close()
+
+
+def _tasks(count: int) -> list[int]:
+    coupon = CouponFactory(total_stock=count)
+    bench_data_load(coupon=coupon, count=count, progress=False)
+    return list(ExpiryTask.objects.order_by("expire_at", "id").values_list("id", flat=True))
+
+
+def test_a_batch_another_sweeper_holds_is_passed_over_and_the_pass_goes_on(other_session):
+    ids = _tasks(30)
+    with other_session.cursor() as cursor:  # another sweeper is working on the first batch
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [services.BATCH_LOCK_CLASS, ids[0]])
+
+    held = services.expiry_sweep_batch(now=BENCH_NOW, batch_size=10)
+    assert (held.claimed, held.processed, held.left_to_others) == (0, 0, 10)
+    assert held.last[1] == ids[9]  # the pass resumes after the held batch
+    assert ExpiryTask.objects.filter(status="pending").count() == 30
+
+    totals = services.expiry_sweep_due(now=BENCH_NOW, batch_size=10)
+    assert (totals.processed, totals.expired) == (20, 20)
+    pending = ExpiryTask.objects.filter(status="pending").values_list("id", flat=True)
+    assert sorted(pending) == sorted(ids[:10])  # left to its holder
+
+    other_session.rollback()  # the holder went away without finishing: the next pass takes it
+    assert services.expiry_sweep_due(now=BENCH_NOW, batch_size=10).expired == 10
+    assert UserCoupon.objects.filter(status="expired").count() == 30
+
+
+def test_a_coupon_held_by_a_long_transaction_sends_its_batch_the_careful_way(
+    other_session, monkeypatch
+):
+    monkeypatch.setattr(services, "FAST_LOCK_WAIT_MS", 50)
+    ids = _tasks(20)
+    held_coupon = ExpiryTask.objects.get(pk=ids[3]).user_coupon_id
+    with other_session.cursor() as cursor:
+        cursor.execute("SELECT id FROM couponcenter_usercoupon WHERE id = %s FOR UPDATE",
+                       [held_coupon])  # fmt: skip
+
+    result = services.expiry_sweep_batch(now=BENCH_NOW, batch_size=10)
+
+    assert result.careful
+    assert (result.claimed, result.processed, result.expired) == (10, 10, 10)  # past the held one
+    assert ExpiryTask.objects.get(pk=ids[3]).status == "pending"
+    assert UserCoupon.objects.get(pk=held_coupon).status == "unused"
+    other_session.rollback()
+    services.expiry_sweep_due(now=BENCH_NOW, batch_size=10)
+    assert UserCoupon.objects.filter(status="expired").count() == 20
+    assert not ExpiryTask.objects.filter(status="pending").exists()
+
+
+def test_the_fast_way_takes_no_row_lock_before_its_updates():
+    """The point of the fast way: its plan has no LockRows step (the careful way's has)."""
+    with connection.cursor() as cursor:
+        params = {"now": BENCH_NOW, "limit": 10, "ids": False, "after_at": BENCH_NOW,
+                  "after_id": 0, "lock_class": services.BATCH_LOCK_CLASS}  # fmt: skip
+        cursor.execute("EXPLAIN " + services._FAST_SQL, params)
+        fast = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("EXPLAIN " + services._CAREFUL_SQL, params)
+        careful = "\n".join(row[0] for row in cursor.fetchall())
+    assert "LockRows" not in fast and "LockRows" in careful

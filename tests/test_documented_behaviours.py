@@ -102,7 +102,7 @@ def test_drop_policy_drops_what_is_later_than_the_limit_and_delivers_the_rest(
     for sub, overdue in ((late, timedelta(minutes=10)), (recent, timedelta(minutes=1))):
         due = timezone.now() - overdue
         ReminderSubscription.objects.filter(pk=sub.pk).update(remind_at=due)
-        queue.schedule(REMINDER_TOPIC, member(sub.pk, sub.user_id, sub.coupon_id),
+        queue.schedule(REMINDER_TOPIC, member(sub.pk),
                        queue.epoch_ms(due), slot=sub.slot)  # fmt: skip
     worker = build_worker([REMINDER_TOPIC])
     try:

@@ -4,7 +4,7 @@ and whether claiming slows down when millions wait behind the due ones.
 For each backlog size (1M and 10M by default) on a throwaway topic with the production slot count:
 
 - ``bytes_per_pending``: Redis ``used_memory`` grown by scheduling the backlog, per job. Members
-  are shaped as reminders' are (``"<subscription>:<user>:<coupon>"``, here 27 characters);
+  are reminders' (``members.member`` of subscription ids from 700,000,000 up: six characters);
 - ``claim_ack_per_s``: ``sample`` due jobs claimed and acked (batch 2,000, as the worker does)
   with the whole backlog waiting behind them in the same slots;
 - the growth from the smallest to the largest backlog, as ratios (the target: claim rate within
@@ -36,6 +36,7 @@ from reminders.engine import connection as connection_redis
 from reminders.engine import keys, queue
 from reminders.engine.connection import Client
 from reminders.engine.leases import SlotLeases
+from reminders.members import member
 from reminders.models import ReminderSubscription
 from reminders.services.subscriptions import subscriptions_reindex
 
@@ -43,12 +44,11 @@ SCHEDULE_CHUNK = 50_000
 CLAIM_BATCH = 2000
 USER_BASE = 9_100_000_000
 SUB_BASE = 700_000_000
-COUPON = 424242
 REBUILD_LOAD_CHUNK = 200_000
 
 
 def _member(i: int) -> str:
-    return f"{SUB_BASE + i}:{USER_BASE + i}:{COUPON}"
+    return member(SUB_BASE + i)
 
 
 def _used_memory(client: Client) -> int:

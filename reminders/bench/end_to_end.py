@@ -277,7 +277,7 @@ def bench_burst(
         ReminderSubscription.objects.filter(coupon=coupon).update(remind_at=due)
         vacuum_analyze()
         due_ms = queue.epoch_ms(due)
-        items = [(member(pk, user, coupon.pk), due_ms, slot) for pk, user, slot in subs]
+        items = [(member(pk), due_ms, slot) for pk, user, slot in subs]
         started = time.perf_counter()
         queue.schedule_many(REMINDER_TOPIC, items)
         schedule_s = time.perf_counter() - started
@@ -332,9 +332,7 @@ def bench_steady(
         due = {pk: start_ms + (i * 1000) // rate for i, (pk, _, _) in enumerate(subs)}
         _set_remind_at(due)
         vacuum_analyze()
-        queue.schedule_many(
-            REMINDER_TOPIC, [(member(pk, u, coupon.pk), due[pk], slot) for pk, u, slot in subs]
-        )
+        queue.schedule_many(REMINDER_TOPIC, [(member(pk), due[pk], slot) for pk, u, slot in subs])
         base = _counter("delivered")()
         _wait("steady", lambda: _counter("delivered")() - base, count, seconds + 120, progress)
         lateness = _inbox_lateness_ms(coupon)

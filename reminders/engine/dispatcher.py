@@ -30,6 +30,7 @@ from . import leases, queue
 from .connection import Client
 from .scripts import Claimed, LeaseLost
 from .topics import (
+    HANDED_ON,
     OK,
     ConfigProvider,
     EngineSettings,
@@ -334,6 +335,10 @@ class Dispatcher:
 
     def _settle(self, topic, ts, slot, token, entries: list[Claimed], report: TickReport) -> None:
         results = self._handle(topic, entries, slot)
+        if results is HANDED_ON:  # the whole batch, as a burst's is: nothing to settle here
+            return
+        if isinstance(results, Result):
+            results = [results] * len(entries)
         done, retry, bury = [], [], []
         for entry, result in zip(entries, results, strict=True):
             outcome = result.outcome
@@ -358,9 +363,11 @@ class Dispatcher:
         if bury:
             report.dead += queue.bury(topic.name, slot, bury, now_ms=now, **kw).dead
 
-    def _handle(self, topic: Topic, entries: list[Claimed], slot: int) -> list[Result]:
+    def _handle(self, topic: Topic, entries: list[Claimed], slot: int) -> list[Result] | Result:
         try:
             results = topic.handler(entries, slot) if topic.pass_slot else topic.handler(entries)
+            if isinstance(results, Result):
+                return results
             if isinstance(results, dict):
                 return [results.get(e.job_id, OK) for e in entries]
             results = list(results)

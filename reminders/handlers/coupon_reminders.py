@@ -1,12 +1,12 @@
 """Coupon reminders on the engine: the ``coupon.reminder`` topic's handler (article 000).
 
-A claimed batch of one slot is turned into delivery batches:
-- entries whose coupon can no longer help (cancelled, sold out, claim window over) are dropped and
-  counted, never sent (so are those later than the late limit under the "drop" policy, at delivery);
-- a user's reminders due within the same merge window become one message;
-- messages go to Celery in batches (``deliver_reminders``), never one task per reminder: the
-  entries one claim round hands on, over all slots, travel together (up to the batch size per
-  task), so a steady trickle over 16 slots is one task per round, not sixteen.
+A claimed batch of one slot is handed on to delivery as it is, in Celery batches
+(``deliver_reminders``), never one task per reminder: the entries one claim round hands on, over
+all slots, travel together (up to the batch size per task), so a steady trickle over 16 slots is
+one task per round, not sixteen. The dispatcher does nothing per entry that delivery must do
+again: delivery reads each subscription's row, and with it drops what can no longer help
+(cancelled, sold out, closed, too late), merges a user's reminders of one merge window into one
+message, and writes or sends it.
 
 The handed-on entries stay in the slot's prepare set: the delivery task acks the delivered ones and
 nacks the failed ones, so a Celery worker dying mid-delivery only delays them until the visibility
@@ -22,28 +22,18 @@ from collections.abc import Sequence
 from functools import partial
 
 from django.conf import settings
-from django.utils import timezone
 
-from couponcenter import rules
-from couponcenter.core.caching import TTLCache
 from couponcenter.core.redis import broker_client
-from couponcenter.models import Coupon
 from reminders import metrics
 from reminders.engine import queue
 from reminders.engine.scripts import Claimed
-from reminders.engine.topics import DROP, HANDED_ON, Result, Topic
-from reminders.members import REMINDER_TOPIC, REMINDER_TOPIC_HIGH, ReminderMember
-from reminders.models import ReminderSubscription
+from reminders.engine.topics import HANDED_ON, Result, Topic
+from reminders.members import REMINDER_TOPIC, REMINDER_TOPIC_HIGH
 from reminders.selectors import reminder_settings_get
 from reminders.services.delivery import reminders_dead, reminders_retry
 from reminders.tasks import deliver_reminders
 
 logger = logging.getLogger(__name__)
-
-# Coupon states are re-read at most this often per process (a hot coupon is in every batch).
-COUPON_STATE_TTL_S = 1.0
-
-_drop_reasons: TTLCache[int, str | None] = TTLCache(COUPON_STATE_TTL_S)
 
 
 def reminder_topics() -> list[Topic]:
@@ -70,62 +60,21 @@ def reminder_topics() -> list[Topic]:
     ]
 
 
-def coupon_drop_reasons(coupon_ids: set[int], *, now=None) -> dict[int, str | None]:
-    """Why reminders of each coupon should be dropped (None: still worth sending)."""
+def handle_reminders(topic: str, entries: Sequence[Claimed], slot: int) -> Result:
+    """The engine handler: hand the batch on to delivery.
 
-    def load(missing: set[int]) -> dict[int, str | None]:
-        at = now or timezone.now()
-        rows = Coupon.objects.filter(pk__in=missing).values(
-            "pk", *rules.WINDOW_FIELDS, *rules.STOCK_FIELDS
-        )
-        found = {row.pop("pk"): rules.reminder_drop_reason(now=at, **row) for row in rows}
-        return {coupon_id: found.get(coupon_id, "deleted") for coupon_id in missing}
-
-    return _drop_reasons.get_many(coupon_ids, load)
-
-
-def handle_reminders(topic: str, entries: Sequence[Claimed], slot: int) -> list[Result]:
-    """The engine handler: drop what can't help, hand the rest to Celery in batches.
-
-    The hot path of a burst (200,000 entries in a second), so it does little per entry: one split
-    for the coupon id, coupon states from a per-process cache, and a Celery message per
-    claimed batch. A slot holds all of one user's entries and one claim takes what is due now, so
-    the delivery task sees all of a user's reminders claimed together and merges them.
+    The hot path of a burst (200,000 entries in a second), so it does nothing per entry. A slot
+    holds all of one user's entries and one claim takes what is due now, so the delivery task
+    sees all of a user's reminders claimed together and merges them.
     """
-    coupon_of = [ReminderMember.coupon_id_text(e.job_id) for e in entries]
-    reasons = coupon_drop_reasons({int(c) for c in set(coupon_of)})
-    reasons = {str(coupon): reason for coupon, reason in reasons.items()}
-    if not any(reasons.values()):
-        results = [HANDED_ON] * len(entries)
-        kept = list(entries)
-    else:
-        results, kept, dropped = [], [], defaultdict(list)
-        for entry, coupon in zip(entries, coupon_of, strict=True):
-            reason = reasons[coupon]
-            if reason:
-                dropped[reason].append(ReminderMember.sub_id_of(entry.job_id))
-                results.append(DROP)
-            else:
-                kept.append(entry)
-                results.append(HANDED_ON)
-        _mark_dropped(dropped)
-    _hand_to_delivery(topic, slot, kept)
-    counts = _round_counts[topic]
-    counts["dispatched"] += len(kept)
-    counts["dropped"] += len(entries) - len(kept)
-    return results
-
-
-def _mark_dropped(dropped: dict[str, list[int]]) -> None:
-    for reason, sub_ids in dropped.items():
-        ReminderSubscription.objects.filter(
-            pk__in=sub_ids, status=ReminderSubscription.Status.SCHEDULED
-        ).update(status=ReminderSubscription.Status.DROPPED, drop_reason=reason)
+    _hand_to_delivery(topic, slot, entries)
+    _round_counts[topic]["dispatched"] += len(entries)
+    return HANDED_ON
 
 
 # Per topic, what this round handed on and has not published yet: [(slot, entries), ...].
 _outbox: dict[str, list[tuple[int, list[Claimed]]]] = defaultdict(list)
-# Per topic, this round's dispatched and dropped counts, recorded once at its end (a burst's
+# Per topic, this round's dispatched count, recorded once at its end (a burst's
 # round claims a hundred batches; a metrics round trip for each was a fifth of its time).
 _round_counts: dict[str, Counter[str]] = defaultdict(Counter)
 

@@ -9,15 +9,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db.models import Q
+
 from couponcenter.core.redis import get_redis
 from reminders.engine import keys, queue, scripts
-from reminders.members import REMINDER_TOPICS, ReminderMember, is_reminder_topic
+from reminders.members import (
+    REMINDER_TOPICS,
+    is_reminder_topic,
+    legacy_member,
+    member,
+    try_sub_id_of,
+)
 from reminders.models import DeadLetter, ReminderSubscription, TimeoutJob
 from reminders.selectors.queues import ms_to_datetime, topic_slot_counts
 
 DEAD_PAGE_MAX_OFFSET = 10_000  # deeper pages of the dead list would read too much per slot
 SEARCH_SCAN_COUNT = 1000
 ERROR_SEARCH_PER_SLOT = 2000  # newest dead letters per slot an error-text search reads
+SEARCH_SUBSCRIPTIONS = 1000  # a user's subscriptions a search by user id looks up
 
 
 def dead_letter_key(topic: str, slot: int, job_id: str) -> str:
@@ -29,25 +38,32 @@ def parse_dead_letter_key(value: str) -> tuple[str, int, str]:
     return topic, int(slot), job_id
 
 
-def _user_of(topic: str, job_id: str) -> int | None:
-    if is_reminder_topic(topic):
-        parsed = ReminderMember.try_parse(job_id)
-        if parsed is not None:
-            return parsed.user_id
-    return None
-
-
 def _letter(topic: str, slot: int, entry: queue.DeadEntry) -> DeadLetter:
     return DeadLetter(
         key=dead_letter_key(topic, slot, entry.job_id),
         topic=topic,
         slot=slot,
         job_id=entry.job_id,
-        user_id=_user_of(topic, entry.job_id),
         attempts=entry.attempts,
         last_error=entry.last_error,
         died_at=ms_to_datetime(entry.died_ms),
     )
+
+
+def _with_users(letters: list[DeadLetter]) -> list[DeadLetter]:
+    """Each reminder's end user, from its subscription row (a member names only the row), in
+    one query for the page."""
+    sub_of = {}
+    for letter in letters:
+        if is_reminder_topic(letter.topic):
+            sub_of[letter.key] = try_sub_id_of(letter.job_id)
+    wanted = {sub for sub in sub_of.values() if sub is not None}
+    users = dict(
+        ReminderSubscription.objects.filter(pk__in=wanted).values_list("pk", "user_id")
+    ) if wanted else {}  # fmt: skip
+    for letter in letters:
+        letter.user_id = users.get(sub_of.get(letter.key))
+    return letters
 
 
 @dataclass
@@ -94,7 +110,7 @@ def dead_letter_list(
         for entry in queue.list_dead(name, s, limit=offset + limit)
     ]
     merged.sort(key=lambda d: (d.died_at, d.key), reverse=True)
-    return DeadPage(merged[offset : offset + limit], total, total > offset + limit)
+    return DeadPage(_with_users(merged[offset : offset + limit]), total, total > offset + limit)
 
 
 def dead_letter_search(term: str, *, pairs: list[tuple[str, int]]) -> list[DeadLetter]:
@@ -121,21 +137,26 @@ def dead_letter_search(term: str, *, pairs: list[tuple[str, int]]) -> list[DeadL
         jobs = TimeoutJob.objects.filter(biz_type=biz_type, biz_id=biz_id, topic__in=topics)
         for job in jobs.values("pk", "topic", "slot")[:100]:
             add(job["topic"], job["slot"], str(job["pk"]))
-    if term.count(":") == 2:  # a whole reminder member
+    reminders = topics & set(REMINDER_TOPICS)
+    if term.count(":") == 2:  # a whole reminder member of an earlier release
         for name, s in pairs:
             if is_reminder_topic(name):
                 add(name, s, term)
+    if reminders and term.isalnum() and term.isascii() and not term.isdigit():
+        for name, s in pairs:  # a reminder member as the engine holds it (base 36)
+            if is_reminder_topic(name):
+                add(name, s, term.lower())
     if term.isdigit() and len(term) <= 18:
         number = int(term)
-        for sub in ReminderSubscription.objects.filter(pk=number).values(
-            "pk", "user_id", "coupon_id", "slot"
-        ):
-            member = str(ReminderMember(sub["pk"], sub["user_id"], sub["coupon_id"]))
-            for name in topics & set(REMINDER_TOPICS):
-                add(name, sub["slot"], member)
+        # The subscription with this id, and the user with this id's subscriptions.
+        subs = ReminderSubscription.objects.filter(Q(pk=number) | Q(user_id=number))
+        for sub in subs.values("pk", "user_id", "coupon_id", "slot")[:SEARCH_SUBSCRIPTIONS]:
+            for name in reminders:
+                add(name, sub["slot"], member(sub["pk"]))
+                add(name, sub["slot"], legacy_member(sub["pk"], sub["user_id"], sub["coupon_id"]))
         for job in TimeoutJob.objects.filter(pk=number).values("pk", "topic", "slot"):
             add(job["topic"], job["slot"], str(job["pk"]))
-        for name in topics & set(REMINDER_TOPICS):
+        for name in reminders:  # members of earlier releases name their user
             for s in {keys.slot_for(number, n) for n in queue.slot_layouts(name)}:
                 for job_id in _scan_dead(name, s, f"*:{number}:*"):
                     add(name, s, job_id)
@@ -171,7 +192,7 @@ def _dead_entries(candidates: dict[tuple[str, int], set[str]]) -> list[DeadLette
             )
             out.append(_letter(topic, slot, entry))
     out.sort(key=lambda d: (d.died_at, d.key), reverse=True)
-    return out
+    return _with_users(out)
 
 
 def dead_letters_get(letter_keys: list[str]) -> list[DeadLetter]:

@@ -20,7 +20,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from reminders.engine import queue
-from reminders.members import REMINDER_TOPICS, ReminderMember
+from reminders.members import REMINDER_TOPICS, try_sub_id_of
 from reminders.models import ReminderSubscription, TimeoutJob
 from reminders.selectors.queues import topic_slot_counts
 
@@ -36,8 +36,7 @@ class RequeueResult:
 
 
 def _fix_reminder_rows(job_ids: Sequence[str]) -> int:
-    members = [ReminderMember.try_parse(j) for j in job_ids]
-    sub_ids = [m.sub_id for m in members if m is not None]
+    sub_ids = [s for s in map(try_sub_id_of, job_ids) if s is not None]
     return ReminderSubscription.objects.filter(
         pk__in=sub_ids, status=ReminderSubscription.Status.FAILED
     ).update(status=ReminderSubscription.Status.SCHEDULED, updated_at=timezone.now())

@@ -1,13 +1,16 @@
 """Delivering reminder batches: gateway, ledger, then ack or nack in the engine.
 
 A batch is what the dispatcher handed on from one claim round, grouped by slot:
-``{"topic", "parts": [[slot, ["<sub id>:<user id>:<coupon id>", ...]], ...],
-"attempts": {member: n}}``
-(a member missing from ``attempts`` is on its first attempt). The one-slot form of earlier
-releases, ``{"topic", "slot", "members"}``, is still accepted (tasks queued across an upgrade).
+``{"topic", "parts": [[slot, [member, ...]], ...], "attempts": {member: n}}`` (members as
+``reminders.members`` spells them; a member missing from ``attempts`` is on its first attempt).
+The one-slot form of earlier releases, ``{"topic", "slot", "members"}``, is still accepted (tasks
+queued across an upgrade).
 
 Invariants:
-- a subscription is delivered only while it is ``scheduled``. For the inbox, marking it ``sent``
+- a subscription is delivered only while it is ``scheduled``, and only while its coupon can still
+  help (not cancelled, sold out or closed: such reminders are ``dropped`` with the reason, and
+  counted). The dispatcher hands entries on without looking at them, so this is the one check,
+  made as late as it can be. For the inbox, marking it ``sent``
   (an ``UPDATE ... WHERE status = 'scheduled' RETURNING``, which takes the row locks) and writing
   the notification commit together, so redelivery, reaping and racing Celery workers can never
   show a user the same reminder twice;
@@ -16,7 +19,10 @@ Invariants:
 - a user's reminders whose ``remind_at`` falls in the same merge window become one message;
 - only failed messages are retried (``nack_handed``, with backoff); past ``max_attempts`` they are
   dead in the engine, ``failed`` in the database, and an alert is raised;
-- entries leave the prepare set only after the database says what happened to them.
+- entries leave the prepare set only after the database says what happened to them;
+- nothing is sent before its row's ``remind_at`` (an entry that fired early, such as one an
+  earlier release indexed before its coupon moved, is put back at that time; the inbox stages it
+  hidden until then).
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from couponcenter import rules
 from couponcenter.core import tracing
 from couponcenter.core.caching import TTLCache
 from couponcenter.core.db.times import aware_time, db_time
@@ -41,8 +48,8 @@ from reminders import metrics
 from reminders.alerts import raise_alert
 from reminders.engine import queue
 from reminders.gateways import Gateway, InboxGateway, Message, gateway_for
-from reminders.members import ReminderMember
 from reminders.members import member as member_of_sub
+from reminders.members import sub_id_of
 from reminders.models import ReminderSettings, ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
@@ -54,6 +61,12 @@ logger = logging.getLogger(__name__)
 Status = ReminderSubscription.Status
 TABLE = ReminderSubscription._meta.db_table
 COUPON_TTL_S = 5.0  # names and opening times in messages may lag an edit by this much
+# Coupon states (cancelled, sold out) are re-read at most this often per process: a hot coupon
+# is in every batch of a burst.
+COUPON_STATE_TTL_S = 1.0
+# A row due this much later than the clock says was not due when its entry fired (clocks of the
+# dispatching and delivering hosts may differ by less): external gateways put it back.
+EARLY_TOLERANCE_S = 5.0
 
 
 @dataclass
@@ -84,6 +97,7 @@ class Report:
     failed_items: list[Item] = field(default_factory=list)  # for their traces
     capped: int = 0  # over the per-user push cap: inbox only
     digested: int = 0  # held notifications folded into a push
+    early: list[Item] = field(default_factory=list)  # fired before their row's time: put back
 
 
 def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
@@ -116,9 +130,7 @@ def _crashed(
     logger.exception("delivering %d reminders failed", len(members))
     error = f"{exc.__class__.__name__}: {exc}"[:300]
     report = Report(failed=[(member, error) for member in members])
-    report.dead = [
-        ReminderMember.sub_id_of(m) for m in members if attempts.get(m, 1) >= live.max_attempts
-    ]
+    report.dead = [sub_id_of(m) for m in members if attempts.get(m, 1) >= live.max_attempts]
     return report
 
 
@@ -159,7 +171,7 @@ def _claim_rows(sql_where: str, params: list, sub_ids: list[int], sets: str, set
 
 
 def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings) -> Report:
-    member_of = {ReminderMember.sub_id_of(m): m for m in members}
+    member_of = {sub_id_of(m): m for m in members}
     sub_ids = list(member_of)
     now = timezone.now()
     report = Report()
@@ -186,6 +198,8 @@ def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings)
             Item(member_of[pk], pk, user, aware_time(at), coupon, trace)
             for pk, user, at, coupon, trace in rows
         ]
+        items, hopeless = _drop_hopeless(items, now)
+        report.dropped += hopeless
         staged = _unstage_mates(items, now, live.merge_window_ms)
         groups = _merge(items + staged, live.merge_window_ms)
         for group in groups:
@@ -199,6 +213,44 @@ def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings)
             gateway.deliver(messages)
     report.delivered = items
     return report
+
+
+def coupon_drop_reasons(coupon_ids: set[int], *, now: datetime) -> dict[int, str | None]:
+    """Why reminders of each coupon should be dropped (None: still worth sending), from a
+    per-process cache of at most ``COUPON_STATE_TTL_S``."""
+
+    def load(missing: set[int]) -> dict[int, str | None]:
+        rows = Coupon.objects.filter(pk__in=missing).values(
+            "pk", *rules.WINDOW_FIELDS, *rules.STOCK_FIELDS
+        )
+        found = {row.pop("pk"): rules.reminder_drop_reason(now=now, **row) for row in rows}
+        return {coupon_id: found.get(coupon_id, "deleted") for coupon_id in missing}
+
+    return _drop_reasons.get_many(coupon_ids, load)
+
+
+_drop_reasons: TTLCache[int, str | None] = TTLCache(COUPON_STATE_TTL_S)
+
+
+def _drop_hopeless(items: list[Item], now: datetime) -> tuple[list[Item], int]:
+    """Items whose coupon can no longer help are ``dropped`` with the reason (their rows were
+    just marked ``sent`` in this transaction, so the mark is overwritten before anyone sees it);
+    the rest are returned with how many were dropped."""
+    reasons = coupon_drop_reasons({item.coupon_id for item in items}, now=now)
+    if not any(reasons.values()):
+        return items, 0
+    kept, dropped = [], defaultdict(list)
+    for item in items:
+        reason = reasons[item.coupon_id]
+        if reason:
+            dropped[reason].append(item.sub_id)
+        else:
+            kept.append(item)
+    for reason, sub_ids in dropped.items():
+        ReminderSubscription.objects.filter(pk__in=sub_ids).update(
+            status=Status.DROPPED, drop_reason=reason, sent_at=None, updated_at=now
+        )
+    return kept, len(items) - len(kept)
 
 
 def _unstage_mates(items: list[Item], now: datetime, window_ms: int) -> list[Item]:
@@ -233,13 +285,17 @@ def _unstage_mates(items: list[Item], now: datetime, window_ms: int) -> list[Ite
         )
     notifications_delete(notes)
     return [
-        Item(member_of_sub(pk, user, coupon), pk, user, remind_at, coupon, trace)
+        Item(member_of_sub(pk), pk, user, remind_at, coupon, trace)
         for pk, user, remind_at, coupon, trace in kept
     ]
 
 
 def _bucket(moment: datetime, window_ms: int) -> int:
-    return int(moment.timestamp() * 1000) // window_ms
+    return _epoch_ms(moment) // window_ms
+
+
+def _epoch_ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
 
 
 # --- external gateways: deliver, then mark -------------------------------------------------------
@@ -248,22 +304,36 @@ def _bucket(moment: datetime, window_ms: int) -> int:
 def _deliver_external(
     gateway: Gateway, members: list[str], attempts: dict[str, int], live: ReminderSettings
 ) -> Report:
-    member_of = {ReminderMember.sub_id_of(m): m for m in members}
+    member_of = {sub_id_of(m): m for m in members}
     now = timezone.now()
     late = live.late_limit if live.late_policy == ReminderSettings.LatePolicy.DROP else None
+    not_before = now + timedelta(seconds=EARLY_TOLERANCE_S)
     report, items, too_late = Report(), [], []
     rows = ReminderSubscription.objects.filter(
         pk__in=member_of, status=Status.SCHEDULED
     ).values_list("pk", "user_id", "remind_at", "coupon_id", "traceparent")
     for pk, user_id, remind_at, coupon_id, trace in rows:
+        item = Item(member_of[pk], pk, user_id, remind_at, coupon_id, trace)
         if late is not None and now - remind_at > late:
             too_late.append(pk)
+        elif remind_at > not_before:
+            report.early.append(item)
         else:
-            items.append(Item(member_of[pk], pk, user_id, remind_at, coupon_id, trace))
+            items.append(item)
     if too_late:
         report.dropped = ReminderSubscription.objects.filter(
             pk__in=too_late, status=Status.SCHEDULED
         ).update(status=Status.DROPPED, drop_reason="late")
+    reasons = coupon_drop_reasons({item.coupon_id for item in items}, now=now)
+    hopeless = defaultdict(list)
+    for item in items:
+        if reasons[item.coupon_id]:
+            hopeless[reasons[item.coupon_id]].append(item.sub_id)
+    for reason, sub_ids in hopeless.items():
+        report.dropped += ReminderSubscription.objects.filter(
+            pk__in=sub_ids, status=Status.SCHEDULED
+        ).update(status=Status.DROPPED, drop_reason=reason, updated_at=now)
+    items = [item for item in items if not reasons[item.coupon_id]]
     groups = _merge(items, live.merge_window_ms)
     results = gateway.deliver([g.message for g in groups]) if groups else []
     for group, result in zip(groups, results, strict=True):
@@ -387,6 +457,9 @@ def _settle(
     for member, slot in slot_of.items():
         if member not in failed:
             done[slot].append(member)
+    for item in report.early:  # its entry fired ahead of its row: back at the row's time
+        queue.schedule(topic, member_of_sub(item.sub_id), _epoch_ms(item.remind_at),
+                       slot=slot_of[item.member])  # fmt: skip
     queue.ack_handed_many(topic, done)
     retry: dict[int, list[tuple[str, str]]] = defaultdict(list)
     for member, error in report.failed:
@@ -448,7 +521,7 @@ def reminders_retry(
 def reminders_dead(topic: str, members: list[str]) -> int:
     """The reaper sent these entries to dead (every delivery attempt timed out): mark them
     ``failed`` and alert, as a delivery that failed its last attempt does."""
-    sub_ids = [ReminderMember.sub_id_of(m) for m in members]
+    sub_ids = [sub_id_of(m) for m in members]
     failed = ReminderSubscription.objects.filter(pk__in=sub_ids, status=Status.SCHEDULED).update(
         status=Status.FAILED, updated_at=timezone.now()
     )

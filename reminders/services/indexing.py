@@ -1,7 +1,10 @@
 """Subscriptions in the engine's index: their entries follow the rows once a transaction commits.
 
-The member of a subscription's entry is ``"<subscription id>:<user id>:<coupon id>"`` in its stored
-slot, on the topic of its priority.
+The member of a subscription's entry is its id in base 36 (``members.member``) in its stored slot,
+on the topic of its priority. An entry an earlier release indexed under its old member is not
+looked for: its row decides what it does when it fires (delivery acts only on scheduled rows, and
+never shows or sends one before its row's ``remind_at``), and the reconcile prunes it once its row
+is final.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def index_on_commit(subs: list[ReminderSubscription]) -> None:
         subs,
         lambda s: (
             reminder_topic_for(s.priority),
-            (member(s.pk, s.user_id, s.coupon_id), queue.epoch_ms(s.remind_at), s.slot),
+            (member(s.pk), queue.epoch_ms(s.remind_at), s.slot),
         ),
     )
 
@@ -45,7 +48,7 @@ def index_on_commit(subs: list[ReminderSubscription]) -> None:
 
 def unindex_on_commit(subs: list[tuple[int, int, int, int, str]]) -> None:
     """(sub id, user id, coupon id, slot, priority) entries leave Redis once committed."""
-    grouped = by_topic(subs, lambda r: (reminder_topic_for(r[4]), (member(r[0], r[1], r[2]), r[3])))
+    grouped = by_topic(subs, lambda r: (reminder_topic_for(r[4]), (member(r[0]), r[3])))
 
     def unindex() -> None:
         for topic, items in grouped.items():

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from reminders.engine import queue
-from reminders.members import REMINDER_TOPICS, ReminderMember
+from reminders.members import REMINDER_TOPICS, try_sub_id_of
 from reminders.models import ReminderSubscription, TimeoutJob
 from reminders.selectors import reminder_settings_get
 from reminders.selectors.topics import timeout_topic_specs
@@ -57,9 +57,9 @@ def _subscription_orphans(quiet: datetime):
     def orphans(members: list[str]) -> list[str]:
         by_id = {}
         for value in members:
-            parsed = ReminderMember.try_parse(value)
-            if parsed is not None:
-                by_id[parsed.sub_id] = value
+            sub_id = try_sub_id_of(value)
+            if sub_id is not None:
+                by_id[sub_id] = value
         rows = {
             pk: (status, changed)
             for pk, status, changed in ReminderSubscription.objects.filter(

@@ -3,8 +3,8 @@
 Invariants:
 - one subscription per (user, coupon); subscribing twice is a no-op;
 - ``remind_at = coupon.claim_opens_at - coupon.reminder_lead``;
-- the row commits first and is indexed in Redis on commit; the entry's member is
-  ``"<subscription id>:<user id>:<coupon id>"`` in slot ``crc32(user_id) & (slots - 1)`` (article
+- the row commits first and is indexed in Redis on commit; the entry's member is the
+  subscription id (``members.member``) in slot ``crc32(user_id) & (slots - 1)`` (article
   000's ``userId % queueCount``), and the slot is stored on the row so a cancel finds the entry
   after the slot count changed.
 """
@@ -115,7 +115,7 @@ def subscriptions_reschedule_for_coupon(*, coupon: Coupon) -> int:
         for chunk in _chunks(rows.iterator(chunk_size=REINDEX_CHUNK), REINDEX_CHUNK):
             grouped = by_topic(
                 chunk,
-                lambda r: (reminder_topic_for(r[3]), (member(r[0], r[1], coupon.pk), due_ms, r[2])),
+                lambda r: (reminder_topic_for(r[3]), (member(r[0]), due_ms, r[2])),
             )
             for topic, items in grouped.items():
                 queue.schedule_many(topic, items)
@@ -137,8 +137,8 @@ def subscriptions_cancel_for_coupon(*, coupon: Coupon) -> int:
 
 def subscriptions_drop_for_coupon(*, coupon: Coupon, reason: str) -> int:
     """The coupon can no longer be claimed (sold out, window closed): drop its staged
-    reminders not shown yet. Scheduled ones are dropped when they fall due (the dispatcher
-    checks the coupon then)."""
+    reminders not shown yet. Scheduled ones are dropped when they fall due (delivery checks the
+    coupon then)."""
     withdrawn = staged_withdraw(subscriptions=ReminderSubscription.objects.filter(coupon=coupon))
     if withdrawn:
         ReminderSubscription.objects.filter(pk__in=withdrawn).update(
@@ -159,18 +159,13 @@ def subscriptions_reindex(
         chunk = list(
             scheduled.filter(pk__gt=last_pk)
             .order_by("pk")
-            .values_list("pk", "user_id", "coupon_id", "remind_at", "slot", "priority")[
-                :REINDEX_CHUNK
-            ]
+            .values_list("pk", "remind_at", "slot", "priority")[:REINDEX_CHUNK]
         )
         if not chunk:
             return added
         grouped = by_topic(
             chunk,
-            lambda r: (
-                reminder_topic_for(r[5]),
-                (member(r[0], r[1], r[2]), queue.epoch_ms(r[3]), r[4]),
-            ),
+            lambda r: (reminder_topic_for(r[3]), (member(r[0]), queue.epoch_ms(r[1]), r[2])),
         )
         for topic, items in grouped.items():
             queue.record_layout_covering(topic, [slot for _, _, slot in items])

@@ -12,7 +12,7 @@ from django.utils import timezone
 from couponcenter import services as coupon_services
 from couponcenter.core.redis import get_redis
 from reminders.engine import keys, queue
-from reminders.members import REMINDER_TOPIC
+from reminders.members import REMINDER_TOPIC, member
 from reminders.models import Notification, ReminderSubscription
 from reminders.services import subscription_subscribe, subscription_unsubscribe
 from tests.e2e.conftest import backlog, drained, wait_for
@@ -27,7 +27,7 @@ LEAVERS = 5
 
 def _in_store(sub: ReminderSubscription) -> bool:
     k = keys.slot_keys(REMINDER_TOPIC, sub.slot)
-    return get_redis().zscore(k.store, f"{sub.pk}:{sub.user_id}:{sub.coupon_id}") is not None
+    return get_redis().zscore(k.store, member(sub.pk)) is not None
 
 
 def _subscribe(coupon, user_ids) -> list[ReminderSubscription]:

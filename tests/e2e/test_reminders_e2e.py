@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from couponcenter import services as coupon_services
 from reminders.engine import keys
-from reminders.members import REMINDER_TOPIC
+from reminders.members import REMINDER_TOPIC, member
 from reminders.models import Notification, ReminderSubscription
 from tests.e2e.conftest import backlog, wait_for
 from tests.support.factories import CouponFactory, api_user
@@ -67,13 +67,13 @@ def test_every_subscriber_is_reminded_once_on_time(stack, reminder_settings):
 
     leaver_sub = ReminderSubscription.objects.get(user_id=leaver, coupon=coupon)
     store = keys.slot_keys(REMINDER_TOPIC, leaver_sub.slot).store
-    member = f"{leaver_sub.pk}:{leaver}:{coupon.pk}"
+    entry = member(leaver_sub.pk)
     from couponcenter.core.redis import get_redis
 
     # Due within the pre-stage window, the leaver's reminder is by now still scheduled, in flight
     # to delivery or already written, hidden: in each case the unsubscribe wins.
     assert client.delete(f"/api/users/{leaver}/reminders/{coupon.pk}/").status_code == 204
-    assert get_redis().zscore(store, member) is None
+    assert get_redis().zscore(store, entry) is None
     assert not Notification.objects.filter(user_id=leaver).exists()  # withdrawn before it showed
     coupon_services.coupon_cancel(coupon=doomed)
 

@@ -14,6 +14,7 @@ import pytest
 from django.utils import timezone
 
 from reminders.engine.keys import slot_for
+from reminders.members import member
 from reminders.models import Notification, ReminderSubscription
 from reminders.services import subscription_subscribe, subscriptions_reindex
 from tests.e2e.conftest import backlog, dead_members, drained, wait_for
@@ -106,7 +107,7 @@ def test_failing_webhook_retries_only_failed_items_then_dead_and_alert(
 
     statuses = dict(ReminderSubscription.objects.values_list("user_id", "status"))
     assert statuses == {u: Status.FAILED if u in failing else Status.SENT for u in users}
-    assert dead_members() == {f"{subs[u].pk}:{u}:{coupon.pk}" for u in failing}
+    assert dead_members() == {member(subs[u].pk) for u in failing}
     assert backlog() == {"store": 0, "prepare": 0, "dead": len(failing)}
 
     alerts = [r.json() for r in alert.snapshot()]

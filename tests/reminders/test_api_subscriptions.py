@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 
 from couponcenter.core.redis import get_redis
 from reminders.engine import keys, queue
-from reminders.members import REMINDER_TOPIC
+from reminders.members import REMINDER_TOPIC, member
 from reminders.models import ReminderSubscription
 from tests.support.factories import CouponFactory, api_user
 
@@ -38,7 +38,7 @@ def _url(user_id, coupon_id) -> str:
 
 def _in_redis(sub: ReminderSubscription) -> bool:
     k = keys.slot_keys(REMINDER_TOPIC, sub.slot)
-    return get_redis().zscore(k.store, f"{sub.pk}:{sub.user_id}:{sub.coupon_id}") is not None
+    return get_redis().zscore(k.store, member(sub.pk)) is not None
 
 
 def test_put_creates_then_is_idempotent(service, upcoming, reminder_settings):
@@ -154,7 +154,7 @@ def test_put_after_the_reminder_was_sent_is_a_no_op(service, upcoming, reminder_
     service.put(_url(7, upcoming.pk))
     sub = ReminderSubscription.objects.get()
     ReminderSubscription.objects.filter(pk=sub.pk).update(status="sent")
-    queue.cancel(REMINDER_TOPIC, f"{sub.pk}:7:{upcoming.pk}", slot=sub.slot)  # acked
+    queue.cancel(REMINDER_TOPIC, member(sub.pk), slot=sub.slot)  # acked
     response = service.put(_url(7, upcoming.pk))
     assert response.status_code == 200
     assert response.json()["status"] == "sent"
@@ -167,7 +167,7 @@ def test_put_after_a_failed_reminder_moves_it_out_of_the_dead_set(
     reminder_settings.change(slots=16)
     service.put(_url(7, upcoming.pk))
     sub = ReminderSubscription.objects.get()
-    job = f"{sub.pk}:7:{upcoming.pk}"
+    job = member(sub.pk)
     # Three failed deliveries: the entry is dead in its slot, the subscription failed.
     queue.schedule(REMINDER_TOPIC, job, 0, slot=sub.slot)
     claimed = queue.claim(REMINDER_TOPIC, sub.slot, now_ms=1, limit=10, visibility_ms=1000,

@@ -41,7 +41,7 @@ def stale_statistics(reminder_settings):
             [coupon.claim_opens_at - coupon.reminder_lead, coupon.pk, SCHEDULED_ROWS],
         )
     rows = ReminderSubscription.objects.filter(coupon=coupon).order_by("pk")[:BATCH]
-    return [member(s.pk, s.user_id, s.coupon_id) for s in rows]
+    return [member(s.pk) for s in rows]
 
 
 def _plan_of_update(queries) -> str:

@@ -18,7 +18,7 @@ from reminders import metrics
 from reminders.engine import keys, queue, scripts
 from reminders.engine.connection import client as engine_client
 from reminders.handlers.coupon_reminders import end_round, handle_reminders
-from reminders.members import REMINDER_TOPIC
+from reminders.members import REMINDER_TOPIC, member
 from reminders.models import Notification, ReminderSubscription
 from reminders.runtime.worker import build_worker
 from reminders.services import subscription_subscribe
@@ -106,7 +106,7 @@ def test_one_round_over_many_slots_is_one_task_settled_per_slot(reminder_setting
     assert batch["topic"] == REMINDER_TOPIC
     assert {slot for slot, _ in batch["parts"]} == {s.slot for s in subs}
     assert sorted(m for _, members in batch["parts"] for m in members) == sorted(
-        f"{s.pk}:{s.user_id}:{s.coupon_id}" for s in subs
+        member(s.pk) for s in subs
     )
     assert _in_flight() == (0, 40)  # handed on: in prepare until the task settles them
 

@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from reminders.engine import keys, queue, scripts
-from reminders.members import REMINDER_TOPIC
+from reminders.members import REMINDER_TOPIC, member
 from reminders.models import Notification, ReminderSubscription, TimeoutJob
 from reminders.runtime.worker import Reconciler, build_worker
 from reminders.services import subscription_subscribe, timeout_job_cancel
@@ -84,7 +84,7 @@ def expected_reminders() -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
     scheduled = ReminderSubscription.objects.filter(status="scheduled")
     for s in scheduled:
-        out.setdefault(s.slot, []).append(f"{s.pk}:{s.user_id}:{s.coupon_id}")
+        out.setdefault(s.slot, []).append(member(s.pk))
     return {slot: sorted(ids) for slot, ids in out.items()}
 
 

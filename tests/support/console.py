@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from reminders.engine import keys, queue, scripts
 from reminders.members import REMINDER_TOPIC
+from reminders.members import member as reminder_member
 from reminders.models import ReminderSubscription
 from reminders.services import subscription_subscribe
 from tests.support.factories import CouponFactory
@@ -35,7 +36,7 @@ def overdue_reminders(user_ids, *, overdue_s: int = 30) -> list[ReminderSubscrip
 
 
 def member(sub: ReminderSubscription) -> str:
-    return f"{sub.pk}:{sub.user_id}:{sub.coupon_id}"
+    return reminder_member(sub.pk)
 
 
 def kill_reminders(subs, *, error: str = "gateway said 503") -> None:

@@ -88,6 +88,24 @@ def test_a_mapping_result_and_a_raising_handler(redis_client):
     assert redis_client.hget(queue.slot_keys(T, 0).meta, "e:j9") == b"RuntimeError: handler bug"
 
 
+@pytest.mark.parametrize("answer", [OK, DROP, Retry("later"), Dead("never"), HANDED_ON])
+def test_one_result_answers_for_the_whole_batch(redis_client, answer):
+    load(redis_client, 3, slots=1)
+    topic = Topic(T, lambda entries: answer, slots=1, backoff_base_ms=60_000)
+    report = Dispatcher([topic], client=redis_client).run_once()
+    assert report.claimed == 3
+    counts = (report.acked, report.dropped, report.retried, report.dead)
+    where = totals(redis_client, 1)
+    expected = {
+        OK: ((3, 0, 0, 0), {"store": 0, "prepare": 0, "dead": 0}),
+        DROP: ((3, 3, 0, 0), {"store": 0, "prepare": 0, "dead": 0}),
+        Retry("later"): ((0, 0, 3, 0), {"store": 3, "prepare": 0, "dead": 0}),
+        Dead("never"): ((0, 0, 0, 3), {"store": 0, "prepare": 0, "dead": 3}),
+        HANDED_ON: ((0, 0, 0, 0), {"store": 0, "prepare": 3, "dead": 0}),  # left to settle later
+    }[answer]
+    assert (counts, where) == expected
+
+
 def test_run_until_idle_drains_full_batches_across_slots(redis_client):
     jobs = load(redis_client, 2500)
     handler = Recorder()

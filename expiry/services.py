@@ -46,7 +46,7 @@ from datetime import UTC, datetime, timedelta
 
 import redis
 from django.conf import settings
-from django.db import OperationalError, connection, transaction
+from django.db import DatabaseError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -65,8 +65,10 @@ LOCK_TIMEOUT_MS = 5000
 # The fast way of a batch waits this long for a row lock before it rolls back and goes the careful
 # way (module docstring); a redeem holds its coupon for about a millisecond.
 FAST_LOCK_WAIT_MS = 200
-# Advisory lock class of the sweepers' batches (the object is the batch's first task id).
+# Advisory lock classes: the sweepers' batches (the object is the batch's first task id) and the
+# lanes of their passes (``expiry_sweep_due``).
 BATCH_LOCK_CLASS = 0x5E1A
+LANE_LOCK_CLASS = 0x5E1B
 # Row-lock waits that send a batch the careful way: lock_not_available, deadlock_detected.
 _CAREFUL_AFTER = {"55P03", "40P01"}
 # How long expiry_settings_get() trusts its cached row before re-reading ``updated_at``.
@@ -132,18 +134,18 @@ class SweepTotals:
 # UPDATEs run only with it. ``done`` reads ``expired``, so the coupons are updated before the
 # tasks whatever order the executor would choose. ``= ANY(ARRAY(...))`` finds the rows by
 # primary key (a join let the planner pick a merge join that walked the whole key every batch).
-_FAST_SQL = """
+_FAST_TEMPLATE = """
 WITH batch AS (
     SELECT id, expire_at, user_coupon_id FROM expiry_expirytask
     WHERE status = 'pending' AND expire_at <= %(now)s
-      AND (expire_at, id) > (%(after_at)s, %(after_id)s)
-    ORDER BY expire_at, id
+      AND (expire_at, id) {past} (%(after_at)s, %(after_id)s)
+    ORDER BY {order}
     LIMIT %(limit)s
 ), last AS (
-    SELECT expire_at, id FROM batch ORDER BY expire_at DESC, id DESC LIMIT 1
+    SELECT expire_at, id FROM batch ORDER BY {backwards} LIMIT 1
 ), gate AS (
     SELECT pg_try_advisory_xact_lock(%(lock_class)s, (
-        SELECT (id %% 2147483647)::integer FROM batch ORDER BY expire_at, id LIMIT 1
+        SELECT (id %% 2147483647)::integer FROM batch ORDER BY {order} LIMIT 1
     )) AS ok
 ), expired AS (
     UPDATE couponcenter_usercoupon SET status = 'expired'
@@ -173,13 +175,13 @@ SELECT
 # queue whose coupons were locked be claimed, skipped and re-claimed by every batch of a pass, a
 # busy loop that expired nothing else (found by the chaos suite, tests/chaos). With ORDER BY and a
 # small LIMIT the plan is the partial index in due order with a primary-key probe per coupon.
-_CAREFUL_SQL = """
+_CAREFUL_TEMPLATE = """
 WITH batch AS (
     SELECT t.id, t.expire_at, t.user_coupon_id, c.status AS coupon_status
     FROM expiry_expirytask t JOIN couponcenter_usercoupon c ON c.id = t.user_coupon_id
     WHERE t.status = 'pending' AND t.expire_at <= %(now)s
-      AND (t.expire_at, t.id) > (%(after_at)s, %(after_id)s)
-    ORDER BY t.expire_at, t.id
+      AND (t.expire_at, t.id) {past} (%(after_at)s, %(after_id)s)
+    ORDER BY {t_order}
     LIMIT %(limit)s
     FOR NO KEY UPDATE OF t, c SKIP LOCKED
 ), expired AS (
@@ -192,7 +194,7 @@ WITH batch AS (
     WHERE id = ANY(ARRAY(SELECT id FROM batch))
     RETURNING id
 ), last AS (
-    SELECT expire_at, id FROM batch ORDER BY expire_at DESC, id DESC LIMIT 1
+    SELECT expire_at, id FROM batch ORDER BY {backwards} LIMIT 1
 )
 SELECT
     (SELECT count(*) FROM batch),
@@ -203,8 +205,23 @@ SELECT
     (SELECT id FROM last),
     true
 """
-# Before every task: where a pass starts.
+
+
+def _directed(template: str, descending: bool) -> str:
+    """The statement for a pass up the due index (oldest first) or down it (newest first)."""
+    up = ("expire_at, id", "expire_at DESC, id DESC")
+    order, backwards = (up[1], up[0]) if descending else up
+    return template.format(past="<" if descending else ">", order=order, backwards=backwards,
+                           t_order="t." + order.replace(", id", ", t.id"))  # fmt: skip
+
+
+# Per direction (False: up the index, True: down it).
+_FAST_SQL = {down: _directed(_FAST_TEMPLATE, down) for down in (False, True)}
+_CAREFUL_SQL = {down: _directed(_CAREFUL_TEMPLATE, down) for down in (False, True)}
+
+# Before every task and after every task: where a pass up or down the index starts.
 _START = (datetime(1, 1, 1, tzinfo=UTC), 0)
+_END = (datetime(9999, 12, 31, tzinfo=UTC), 2**63 - 1)
 
 
 def expiry_sweep_batch(
@@ -213,20 +230,22 @@ def expiry_sweep_batch(
     batch_size: int = DEFAULT_BATCH_SIZE,
     collect_ids: bool = False,
     after: tuple[datetime, int] | None = None,
+    descending: bool = False,
 ) -> SweepResult:
     """Expire one bounded batch of due tasks in one transaction; see the module invariants.
 
-    ``after``: only tasks after this ``(expire_at, id)`` (the previous batch's ``last``).
+    ``after``: only tasks after this ``(expire_at, id)`` (the previous batch's ``last``);
+    ``descending``: newest due first, and ``after`` means before (see ``expiry_sweep_due``).
     ``collect_ids`` returns the processed task ids too (tests prove two sweepers never share one).
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    after = after or _START
+    after = after or (_END if descending else _START)
     started = time.perf_counter()
     others, careful = 0, False
     if connection.vendor == "postgresql":
         claimed, processed, expired, ids, last, others, careful = _sweep_batch_postgres(
-            now, batch_size, collect_ids, after
+            now, batch_size, collect_ids, after, descending
         )
     else:
         claimed, processed, expired, ids, last = _sweep_batch_orm(now, batch_size, after)
@@ -243,14 +262,14 @@ def expiry_sweep_batch(
 
 
 def _sweep_batch_postgres(
-    now: datetime, limit: int, collect_ids: bool, after: tuple[datetime, int]
+    now: datetime, limit: int, collect_ids: bool, after: tuple[datetime, int], descending: bool
 ) -> tuple:
     """The fast way; the careful way when a row lock held the fast way up too long."""
     params = {"now": now, "limit": limit, "ids": collect_ids, "after_at": after[0],
               "after_id": after[1], "lock_class": BATCH_LOCK_CLASS}  # fmt: skip
     try:
         seen, processed, expired, ids, last, ours = _one_statement(
-            _FAST_SQL, params, min(FAST_LOCK_WAIT_MS, LOCK_TIMEOUT_MS)
+            _FAST_SQL[descending], params, min(FAST_LOCK_WAIT_MS, LOCK_TIMEOUT_MS)
         )
     except OperationalError as exc:
         if getattr(exc.__cause__, "pgcode", None) not in _CAREFUL_AFTER:
@@ -258,7 +277,7 @@ def _sweep_batch_postgres(
         logger.info("expiry: a row lock held a batch up; taking it the careful way (%s)",
                     str(exc).strip().splitlines()[0])  # fmt: skip
         claimed, processed, expired, ids, last, _ = _one_statement(
-            _CAREFUL_SQL, params, LOCK_TIMEOUT_MS
+            _CAREFUL_SQL[descending], params, LOCK_TIMEOUT_MS
         )
         return claimed, processed, expired, ids, last, 0, True
     if not ours:  # another sweeper holds this batch: move on past it
@@ -318,11 +337,20 @@ def expiry_sweep_due(
 
     ``now=None`` re-reads the clock for every batch, so a long pass also takes what fell due
     meanwhile. An exception ends the pass; the failing batch has rolled back and stays pending.
+
+    Lanes (PostgreSQL): the first sweeper to start a pass takes lane 0 and walks the due index up,
+    oldest first; a second one running at the same time takes lane 1 and walks it down, newest
+    first, so the two meet once in the middle instead of reaching for the same batch at every
+    step (each such meeting costs the loser a batch read for nothing). Any further sweeper walks
+    up beside lane 0 and the batch locks keep them apart. A lane is a session advisory lock,
+    released when the pass ends (or its connection does).
     """
     batch_size = batch_size or expiry_settings_get().batch_size
     totals = SweepTotals()
     after = None
     started = time.perf_counter()
+    lane = _lane_take()
+    descending = lane == 1
     try:
         while not should_stop():
             result = expiry_sweep_batch(
@@ -330,6 +358,7 @@ def expiry_sweep_due(
                 batch_size=batch_size,
                 collect_ids=collect_ids,
                 after=after,
+                descending=descending,
             )
             after = result.last or after
             totals.add(result)
@@ -341,7 +370,30 @@ def expiry_sweep_due(
                 break
     finally:
         totals.seconds = time.perf_counter() - started
+        _lane_release(lane)
     return totals
+
+
+def _lane_take() -> int | None:
+    """Lane 0 or 1 if one is free (``expiry_sweep_due``), else None; PostgreSQL only."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        for lane in (0, 1):
+            cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [LANE_LOCK_CLASS, lane])
+            if cursor.fetchone()[0]:
+                return lane
+    return None
+
+
+def _lane_release(lane: int | None) -> None:
+    if lane is None:
+        return
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [LANE_LOCK_CLASS, lane])
+    except DatabaseError:  # the connection went: so did its session lock
+        logger.warning("expiry: could not release sweep lane %s", lane, exc_info=True)
 
 
 def next_due_at() -> datetime | None:

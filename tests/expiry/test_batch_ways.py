@@ -12,6 +12,7 @@ from couponcenter.models import UserCoupon
 from expiry import services
 from expiry.bench.sweep import BENCH_NOW, bench_data_load
 from expiry.models import ExpiryTask
+from tests.expiry.test_races import run_threads, sweeper_batches
 from tests.support.factories import CouponFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -81,8 +82,37 @@ def test_the_fast_way_takes_no_row_lock_before_its_updates():
     with connection.cursor() as cursor:
         params = {"now": BENCH_NOW, "limit": 10, "ids": False, "after_at": BENCH_NOW,
                   "after_id": 0, "lock_class": services.BATCH_LOCK_CLASS}  # fmt: skip
-        cursor.execute("EXPLAIN " + services._FAST_SQL, params)
+        cursor.execute("EXPLAIN " + services._FAST_SQL[False], params)
         fast = "\n".join(row[0] for row in cursor.fetchall())
-        cursor.execute("EXPLAIN " + services._CAREFUL_SQL, params)
+        cursor.execute("EXPLAIN " + services._CAREFUL_SQL[False], params)
         careful = "\n".join(row[0] for row in cursor.fetchall())
     assert "LockRows" not in fast and "LockRows" in careful
+
+
+def test_a_second_sweeper_takes_the_other_lane_and_walks_down_newest_first(other_session):
+    ids = _tasks(30)
+    with other_session.cursor() as cursor:  # a first sweeper is in its pass, walking up
+        cursor.execute("SELECT pg_try_advisory_lock(%s, 0)", [services.LANE_LOCK_CLASS])
+        assert cursor.fetchone()[0]
+
+    totals = services.expiry_sweep_due(
+        now=BENCH_NOW, batch_size=10, keep_results=True, collect_ids=True
+    )
+
+    assert totals.processed == 30
+    first = totals.results[0].task_ids
+    assert sorted(first) == sorted(ids[-10:])  # the newest batch first
+    with connection.cursor() as cursor:  # its lane went back at the end of the pass
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s",
+            [services.LANE_LOCK_CLASS],
+        )
+        assert cursor.fetchone()[0] == 1  # the other session's only
+
+
+def test_sweepers_going_up_and_down_meet_without_sweeping_a_task_twice():
+    ids = _tasks(20_000)
+    up, down = run_threads([lambda: sweeper_batches(now=BENCH_NOW, batch_size=500)] * 2)
+    taken = [task for batch in up + down for task in batch]
+    assert sorted(taken) == sorted(ids)  # every task once
+    assert UserCoupon.objects.filter(status="expired").count() == 20_000

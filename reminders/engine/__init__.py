@@ -23,6 +23,12 @@ Invariants (every module in this package keeps them):
    visibility deadline.
 7. A job's slot is ``crc32(slot_basis) & (slots - 1)``; the caller stores it. Slot counts are powers
    of two, and workers serve every layout still holding entries until it is drained.
+8. A topic that hands whole batches on may claim them as parcels (``Topic.parcels``): one prepare
+   entry ``#<parcel id>`` per batch, its ids one string in the slot's ``parcels`` hash, attempts
+   past the first in ``meta``. A parcel leaves whole: ``settle_parcels`` (its failed ids retried
+   or dead, the rest done) or the reaper (each id as an entry would be). Nothing looks inside a
+   parcel: ``cancel``, ``place`` and ``schedule_many(nx=True)`` do not see its ids, so the owner
+   acts on its own record, not on where Redis has the id.
 """
 
 from .keys import slot_for
@@ -37,6 +43,7 @@ from .queue import (
     cancel_anywhere,
     cancel_many,
     claim,
+    claim_parcel,
     list_dead,
     nack,
     nack_handed,
@@ -47,10 +54,11 @@ from .queue import (
     schedule,
     schedule_many,
     served_slot_count,
+    settle_parcels,
     slot_layouts,
     stats,
 )
-from .scripts import Claimed, EngineError, LeaseLost
+from .scripts import Claimed, EngineError, LeaseLost, Parcel
 from .topics import (
     DROP,
     HANDED_ON,
@@ -68,9 +76,9 @@ from .topics import (
 
 __all__ = [
     "Claimed", "DROP", "Dead", "DeadEntry", "EngineError", "EngineSettings", "HANDED_ON",
-    "LeaseLost", "OK", "Result", "Retry", "SlotStats", "Topic", "TopicSettings", "ack",
+    "LeaseLost", "OK", "Parcel", "Result", "Retry", "SlotStats", "Topic", "TopicSettings", "ack",
     "ack_handed", "ack_handed_many", "all_topics", "bury", "cancel", "cancel_anywhere",
-    "cancel_many", "claim", "get_topic", "list_dead", "nack", "nack_handed", "purge_dead", "reap",
-    "record_layout", "register_topic", "requeue_dead", "schedule", "schedule_many",
-    "served_slot_count", "slot_for", "slot_layouts", "stats",
+    "cancel_many", "claim", "claim_parcel", "get_topic", "list_dead", "nack", "nack_handed",
+    "purge_dead", "reap", "record_layout", "register_topic", "requeue_dead", "schedule",
+    "schedule_many", "served_slot_count", "settle_parcels", "slot_for", "slot_layouts", "stats",
 ]  # fmt: skip

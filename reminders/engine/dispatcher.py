@@ -28,7 +28,7 @@ import redis
 
 from . import leases, queue
 from .connection import Client
-from .scripts import Claimed, LeaseLost
+from .scripts import Claimed, LeaseLost, Parcel
 from .topics import (
     HANDED_ON,
     OK,
@@ -311,6 +311,8 @@ class Dispatcher:
             limit = min(limit, granted)
             if limit <= 0:
                 return False
+        if topic.parcels:
+            return self._one_parcel(topic, ts, slot, token, limit, report)
         entries: list[Claimed] = []
         try:
             entries = queue.claim(topic.name, slot, now_ms=self.clock() + ts.lookahead_ms,
@@ -332,6 +334,50 @@ class Dispatcher:
                 self.budget.give_back(topic, limit - len(entries))
         # A suspect comes alone (see Topic.isolate_suspects); more may be due behind it.
         return len(entries) >= limit or (len(entries) == 1 and entries[0].suspect)
+
+    def _one_parcel(self, topic: Topic, ts: TopicSettings, slot: int, token: str, limit: int,
+                    report: TickReport) -> bool:  # fmt: skip
+        """Claim one batch as a parcel and hand it on; True when it was full."""
+        count = 0
+        try:
+            parcel = queue.claim_parcel(topic.name, slot, now_ms=self.clock() + ts.lookahead_ms,
+                                        limit=limit, visibility_ms=ts.visibility_ms,
+                                        lease_token=token, client=self.client)  # fmt: skip
+            if parcel is not None:
+                count = parcel.size
+                report.claimed += count
+                self._hand_parcel(topic, ts, parcel, report)
+        except LeaseLost:
+            log.warning("lease lost on %s:%s; nothing claimed", topic.name, slot)
+            self.leases.drop(topic.name, slot)
+            report.lease_lost += 1
+            return False
+        finally:
+            if self.budget is not None and count < limit:
+                self.budget.give_back(topic, limit - count)
+        return count >= limit
+
+    def _hand_parcel(self, topic: Topic, ts: TopicSettings, parcel: Parcel,
+                     report: TickReport) -> None:  # fmt: skip
+        """The handler must take the parcel whole; if it cannot, every job of it is retried
+        (a parcel is never left for the reaper when its handler answered)."""
+        try:
+            result = topic.handler(parcel, parcel.slot)
+            if result is HANDED_ON:
+                return
+            error = f"a parcel's handler answered {result!r}, not HANDED_ON"
+        except Exception as exc:  # a handler bug must not kill the worker: retry the parcel
+            log.exception("handler for %s failed on a parcel of %d", topic.name, parcel.size)
+            error = f"{type(exc).__name__}: {exc}"[:500]
+        settled = queue.settle_parcels(
+            topic.name, [(parcel.slot, parcel.parcel_id,
+                          [(job_id, error) for job_id in parcel.job_ids()])],
+            now_ms=self.clock(), max_attempts=ts.max_attempts,
+            backoff_base_ms=ts.backoff_base_ms, backoff_cap_ms=ts.backoff_cap_ms,
+            client=self.client,
+        )  # fmt: skip
+        report.retried += settled.retried
+        report.dead += settled.dead
 
     def _settle(self, topic, ts, slot, token, entries: list[Claimed], report: TickReport) -> None:
         results = self._handle(topic, entries, slot)

@@ -7,6 +7,8 @@ them all on a Redis Cluster (they live on one node)::
     <prefix>:{<topic>:<slot>}:prepare  ZSET score = deadline_ms * 1000 + attempt (see scripts.py)
     <prefix>:{<topic>:<slot>}:dead     ZSET score = time it died (ms)
     <prefix>:{<topic>:<slot>}:meta     HASH "a:<id>" = attempts so far, "e:<id>" = last error
+    <prefix>:{<topic>:<slot>}:parcels  HASH "<parcel id>" = ids of an in-flight parcel joined by
+                                       ",", "#n" = ids in parcels, "#seq" (claim_parcel.lua)
     <prefix>:{<topic>:<slot>}:lease    STRING fencing token of the worker that owns the slot
     <prefix>:{<topic>:<slot>}:fence    STRING counter, INCR'd for every new lease token
 
@@ -47,6 +49,7 @@ class SlotKeys:
     meta: str
     lease: str
     fence: str
+    parcels: str
 
 
 def slot_keys(topic: str, slot: int) -> SlotKeys:
@@ -60,6 +63,7 @@ def slot_keys(topic: str, slot: int) -> SlotKeys:
         meta=f"{base}:meta",
         lease=f"{base}:lease",
         fence=f"{base}:fence",
+        parcels=f"{base}:parcels",
     )
 
 

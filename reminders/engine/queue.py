@@ -20,7 +20,7 @@ from datetime import datetime
 from . import connection, keys, scripts
 from .connection import Client
 from .keys import slot_for, slot_keys
-from .scripts import Claimed, NackResult, ReapResult
+from .scripts import Claimed, NackResult, Parcel, ReapResult
 
 SCHEDULE_CHUNK = 2000  # jobs per EVALSHA: big enough to amortise a round trip, small enough not to
 PIPELINE_CALLS = 64  # stall Redis; calls per pipeline flush keep client memory bounded
@@ -145,6 +145,52 @@ def claim(
                              with_due=with_due, isolate_suspects=isolate_suspects)  # fmt: skip
 
 
+def claim_parcel(
+    topic: str,
+    slot: int,
+    *,
+    now_ms: int,
+    limit: int,
+    visibility_ms: int,
+    lease_token: str,
+    client: Client | None = None,
+) -> Parcel | None:
+    """Move up to ``limit`` due jobs, oldest first, into one in-flight parcel (None: nothing
+    due). Raises LeaseLost. For handlers that hand whole batches on: one prepare entry per batch
+    instead of one per job, and one string of ids instead of a reply element each; the parcel is
+    settled whole (``settle_parcels``) or reaped whole. A job inside a parcel is not found by
+    ``cancel`` or ``place``, so its owner must check its own record before acting on it."""
+    return scripts.claim_parcel(connection.client(client), slot_keys(topic, slot),
+                                token=lease_token, now_ms=now_ms, limit=limit,
+                                visibility_ms=visibility_ms)  # fmt: skip
+
+
+def settle_parcels(
+    topic: str,
+    parcels: Sequence[tuple[int, int, Sequence[tuple[str, str]]]],
+    *,
+    now_ms: int,
+    max_attempts: int,
+    backoff_base_ms: int,
+    backoff_cap_ms: int,
+    client: Client | None = None,
+) -> NackResult:
+    """(slot, parcel id, failures) settled in one pipeline: each parcel leaves prepare, its
+    (job_id, error) failures retry after backoff or go dead at ``max_attempts``, the rest are
+    done. ``missing`` counts parcels the reaper had taken back already (nothing done for them)."""
+    calls = [scripts.settle_parcel_call(slot_keys(topic, slot), parcel_id, now_ms=now_ms,
+                                        failures=failures, max_attempts=max_attempts,
+                                        backoff_base_ms=backoff_base_ms,
+                                        backoff_cap_ms=backoff_cap_ms)
+             for slot, parcel_id, failures in parcels]  # fmt: skip
+    if not calls:
+        return NackResult(0, 0, 0)
+    results = [scripts.parse_settled(raw) for raw in scripts.run_calls(connection.client(client),
+                                                                       calls)]  # fmt: skip
+    return NackResult(sum(r.retried for r in results), sum(r.dead for r in results),
+                      sum(r.missing for r in results))  # fmt: skip
+
+
 def ack(
     topic: str, slot: int, job_ids: Sequence[str], *, lease_token: str, client: Client | None = None
 ) -> int:
@@ -260,7 +306,8 @@ def reap(
 def stats(
     topic: str, slots: Iterable[int], *, now_ms: int, client: Client | None = None
 ) -> list[SlotStats]:
-    """Backlog figures for each slot, in one pipeline."""
+    """Backlog figures for each slot, in one pipeline. ``prepare`` counts jobs in flight, those
+    in parcels included (a parcel's prepare entry stands for its ``#n`` share)."""
     slots = list(slots)
     pipe = scripts.pipeline(connection.client(client))
     for slot in slots:
@@ -270,13 +317,20 @@ def stats(
         pipe.zrange(k.store, 0, 0, withscores=True)
         pipe.zcard(k.prepare)
         pipe.zcard(k.dead)
+        pipe.hlen(k.parcels)
+        pipe.hget(k.parcels, "#n")
     raw = pipe.execute()
     out = []
     for i, slot in enumerate(slots):
-        store, due, oldest, prepare, dead = raw[5 * i : 5 * i + 5]
+        store, due, oldest, prepare, dead, fields, in_parcels = raw[7 * i : 7 * i + 7]
         overdue = max(0, now_ms - int(oldest[0][1])) if oldest else 0
+        if fields:  # "#seq" and "#n" beside one field per parcel
+            prepare += int(in_parcels or 0) - (fields - PARCEL_COUNTERS)
         out.append(SlotStats(topic, slot, store, due, overdue, prepare, dead))
     return out
+
+
+PARCEL_COUNTERS = 2  # the parcels hash's "#seq" and "#n"
 
 
 def heads(

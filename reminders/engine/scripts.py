@@ -41,6 +41,21 @@ class LeaseLost(EngineError):
         self.topic, self.slot = keys.topic, keys.slot
 
 
+class Parcel(NamedTuple):
+    """A batch claimed as one in-flight entry (``claim_parcel.lua``): settled whole by
+    ``settle_parcel``, or reaped whole. ``members`` are the job ids joined by ","."""
+
+    slot: int
+    parcel_id: int
+    size: int
+    members: str
+    # Job id -> attempt, for the jobs past their first attempt (the rest are on their first).
+    attempts: dict[str, int]
+
+    def job_ids(self) -> list[str]:
+        return self.members.split(",")
+
+
 class Claimed(NamedTuple):
     job_id: str
     due_ms: int
@@ -100,6 +115,8 @@ def _fragment(match: re.Match) -> str:
 ENQUEUE = LuaScript("enqueue")
 CANCEL = LuaScript("cancel")
 CLAIM_DUE = LuaScript("claim_due")
+CLAIM_PARCEL = LuaScript("claim_parcel")
+SETTLE_PARCEL = LuaScript("settle_parcel")
 ACK = LuaScript("ack")
 NACK = LuaScript("nack")
 REAP = LuaScript("reap")
@@ -111,8 +128,9 @@ LEASE_RELEASE = LuaScript("lease_release")
 SINGLETON_HOLD = LuaScript("singleton_hold")
 WORKERS_PRUNE = LuaScript("workers_prune")
 RATE_TAKE = LuaScript("rate_take")
-ALL = (ENQUEUE, CANCEL, CLAIM_DUE, ACK, NACK, REAP, REQUEUE_DEAD, PURGE_DEAD, LEASE_ACQUIRE,
-       LEASE_RENEW, LEASE_RELEASE, SINGLETON_HOLD, WORKERS_PRUNE, RATE_TAKE)  # fmt: skip
+ALL = (ENQUEUE, CANCEL, CLAIM_DUE, CLAIM_PARCEL, SETTLE_PARCEL, ACK, NACK, REAP, REQUEUE_DEAD,
+       PURGE_DEAD, LEASE_ACQUIRE, LEASE_RENEW, LEASE_RELEASE, SINGLETON_HOLD, WORKERS_PRUNE,
+       RATE_TAKE)  # fmt: skip
 
 
 def load_all(client: Client) -> None:
@@ -234,6 +252,48 @@ def _dues(scores: list) -> list[int]:
         return [int(float(score)) for score in scores]
 
 
+def claim_parcel(
+    client: Client, k: SlotKeys, *, token: str, now_ms: int, limit: int, visibility_ms: int
+) -> Parcel | None:
+    """Up to ``limit`` due jobs, oldest first, as one in-flight parcel; None when nothing is
+    due. Raises LeaseLost."""
+    raw = CLAIM_PARCEL(client, (k.store, k.prepare, k.meta, k.lease, k.parcels),
+                       (token, now_ms, limit, visibility_ms))  # fmt: skip
+    if raw[0] == LEASE_LOST:
+        raise LeaseLost(k)
+    if len(raw) == 1:
+        return None
+    pairs = raw[4:]
+    return Parcel(k.slot, int(raw[2]), int(raw[1]), as_str(raw[3]), _retries(raw[3], pairs))
+
+
+def _retries(packed: bytes | str, pairs: list) -> dict[str, int]:
+    if not pairs:
+        return {}
+    ids = as_str(packed).split(",")
+    return {ids[index - 1]: attempt for index, attempt in zip(pairs[::2], pairs[1::2], strict=True)}
+
+
+def settle_parcel_call(
+    k: SlotKeys,
+    parcel_id: int,
+    *,
+    now_ms: int,
+    failures: Sequence[tuple[str, str]],
+    max_attempts: int,
+    backoff_base_ms: int,
+    backoff_cap_ms: int,
+) -> Call:
+    args: list[Any] = [parcel_id, now_ms, max_attempts, backoff_base_ms, backoff_cap_ms]
+    for job_id, error in failures:
+        args += (job_id, error)
+    return SETTLE_PARCEL.call((k.prepare, k.store, k.dead, k.meta, k.parcels), args)
+
+
+def parse_settled(raw: Sequence[int]) -> NackResult:
+    return NackResult(retried=raw[1], dead=raw[2], missing=raw[3])
+
+
 def ack(client: Client, k: SlotKeys, *, token: str, job_ids: Sequence[str]) -> int:
     """Drop handled jobs from prepare; returns how many were still there."""
     removed = int(ACK(client, (k.prepare, k.meta, k.lease), (token, *job_ids)))
@@ -264,7 +324,9 @@ def nack(
 
 
 def reap_call(k: SlotKeys, *, now_ms: int, limit: int, max_attempts: int, error: str) -> Call:
-    return REAP.call((k.prepare, k.store, k.dead, k.meta), (now_ms, limit, max_attempts, error))
+    return REAP.call(
+        (k.prepare, k.store, k.dead, k.meta, k.parcels), (now_ms, limit, max_attempts, error)
+    )
 
 
 def parse_reap(raw: Sequence[int]) -> ReapResult:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Sequence
 from functools import partial
 
 from django.conf import settings
@@ -26,11 +25,11 @@ from django.conf import settings
 from couponcenter.core.redis import broker_client
 from reminders import metrics
 from reminders.engine import queue
-from reminders.engine.scripts import Claimed
+from reminders.engine.scripts import Parcel
 from reminders.engine.topics import HANDED_ON, Result, Topic
 from reminders.members import REMINDER_TOPIC, REMINDER_TOPIC_HIGH
 from reminders.selectors import reminder_settings_get
-from reminders.services.delivery import reminders_dead, reminders_retry
+from reminders.services.delivery import reminders_dead, reminders_retry_parcels
 from reminders.tasks import deliver_reminders
 
 logger = logging.getLogger(__name__)
@@ -55,39 +54,33 @@ def reminder_topics() -> list[Topic]:
             backoff_cap_ms=live.backoff_cap_ms,
             needs_due=False,  # due times come from the database rows at delivery
             isolate_suspects=False,  # entries are handed on; delivery runs in Celery
+            parcels=True,  # a claimed batch travels as one in-flight entry and one string
         )
         for name, priority in ((REMINDER_TOPIC_HIGH, 1), (REMINDER_TOPIC, 0))
     ]
 
 
-def handle_reminders(topic: str, entries: Sequence[Claimed], slot: int) -> Result:
-    """The engine handler: hand the batch on to delivery.
+def handle_reminders(topic: str, parcel: Parcel, slot: int) -> Result:
+    """The engine handler: hand the parcel (one claimed batch) on to delivery.
 
-    The hot path of a burst (200,000 entries in a second), so it does nothing per entry. A slot
-    holds all of one user's entries and one claim takes what is due now, so the delivery task
-    sees all of a user's reminders claimed together and merges them.
+    The hot path of a burst (200,000 entries in a second), so it does nothing per entry: a
+    parcel's ids travel as the one string Redis returned. A slot holds all of one user's
+    entries and one claim takes what is due now, so the delivery task sees all of a user's
+    reminders claimed together and merges them.
     """
-    _hand_to_delivery(topic, slot, entries)
-    _round_counts[topic]["dispatched"] += len(entries)
+    parcels = _outbox[topic]
+    parcels.append(parcel)
+    _round_counts[topic]["dispatched"] += parcel.size
+    if sum(p.size for p in parcels) >= reminder_settings_get().batch_size:
+        flush_reminders(topic)
     return HANDED_ON
 
 
-# Per topic, what this round handed on and has not published yet: [(slot, entries), ...].
-_outbox: dict[str, list[tuple[int, list[Claimed]]]] = defaultdict(list)
-# Per topic, this round's dispatched count, recorded once at its end (a burst's
-# round claims a hundred batches; a metrics round trip for each was a fifth of its time).
+# Per topic, the parcels this round handed on and has not published yet.
+_outbox: dict[str, list[Parcel]] = defaultdict(list)
+# Per topic, this round's dispatched count, recorded once at its end (a burst's round claims a
+# hundred batches; a metrics round trip for each was a fifth of its time).
 _round_counts: dict[str, Counter[str]] = defaultdict(Counter)
-
-
-def _hand_to_delivery(topic: str, slot: int, entries: list[Claimed]) -> None:
-    """Queue a slot's batch for delivery; published at the end of the claim round, or at once
-    when the topic's outbox holds a batch size's worth (a burst: full batches go straight out)."""
-    if not entries:
-        return
-    parts = _outbox[topic]
-    parts.append((slot, entries))
-    if sum(len(e) for _, e in parts) >= reminder_settings_get().batch_size:
-        flush_reminders(topic)
 
 
 def end_round(topic: str) -> None:
@@ -110,14 +103,14 @@ def flush_reminders(topic: str) -> None:
     attempt), as a failed delivery's do; if Redis refuses that too they stay in prepare and the
     reaper returns them after the visibility timeout.
     """
-    parts = _outbox.pop(topic, None)
-    if not parts:
+    parcels = _outbox.pop(topic, None)
+    if not parcels:
         return
-    batch: dict = {"topic": topic, "parts": [[slot, [e.job_id for e in es]] for slot, es in parts]}
-    attempts = {e.job_id: e.attempt for _, es in parts for e in es if e.attempt > 1}
+    batch: dict = {"topic": topic, "parcels": [[p.slot, p.parcel_id, p.members] for p in parcels]}
+    attempts = {job_id: n for p in parcels for job_id, n in p.attempts.items()}
     if attempts:
         batch["attempts"] = attempts
-    count = sum(len(es) for _, es in parts)
+    count = sum(p.size for p in parcels)
     try:
         # argsrepr: Celery would otherwise saferepr() the whole batch into the message headers.
         # retry=False: a broker that is down fails this at once (the entries go back with
@@ -126,10 +119,10 @@ def flush_reminders(topic: str) -> None:
     except Exception as exc:
         logger.exception("handing %d reminders of %s to Celery failed", count, topic)
         error = f"{type(exc).__name__}: {exc}"[:500]
-        failures: dict[int, list[tuple[str, str]]] = defaultdict(list)
-        for slot, entries in parts:
-            failures[slot] += [(e.job_id, error) for e in entries]
-        reminders_retry(topic, failures, live=reminder_settings_get(), now_ms=queue.epoch_ms())
+        failures = [(p.slot, p.parcel_id, [(job_id, error) for job_id in p.job_ids()])
+                    for p in parcels]  # fmt: skip
+        reminders_retry_parcels(topic, failures, live=reminder_settings_get(),
+                                now_ms=queue.epoch_ms())  # fmt: skip
         raise
 
 

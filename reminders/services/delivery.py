@@ -1,10 +1,12 @@
 """Delivering reminder batches: gateway, ledger, then ack or nack in the engine.
 
-A batch is what the dispatcher handed on from one claim round, grouped by slot:
-``{"topic", "parts": [[slot, [member, ...]], ...], "attempts": {member: n}}`` (members as
-``reminders.members`` spells them; a member missing from ``attempts`` is on its first attempt).
-The one-slot form of earlier releases, ``{"topic", "slot", "members"}``, is still accepted (tasks
-queued across an upgrade).
+A batch is what the dispatcher handed on from one claim round, one engine parcel per claimed
+batch: ``{"topic", "parcels": [[slot, parcel id, "member,member,..."], ...], "attempts":
+{member: n}}`` (members as ``reminders.members`` spells them; a member missing from ``attempts``
+is on its first attempt). Each parcel is settled whole once the batch is done. The forms of
+earlier releases, ``{"topic", "parts": [[slot, [member, ...]], ...]}`` and ``{"topic", "slot",
+"members"}``, whose entries are in flight one by one, are still accepted (tasks queued across an
+upgrade).
 
 Invariants:
 - a subscription is delivered only while it is ``scheduled``, and only while its coupon can still
@@ -102,8 +104,13 @@ class Report:
 
 def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
     topic = batch["topic"]
-    parts = batch["parts"] if "parts" in batch else [[batch["slot"], batch["members"]]]
-    slot_of = {member: slot for slot, members in parts for member in members}
+    parcels = [(slot, parcel_id, packed.split(",")) for slot, parcel_id, packed in
+               batch.get("parcels", ())]  # fmt: skip
+    if parcels:
+        slot_of = {member: slot for slot, _, members in parcels for member in members}
+    else:  # the forms of earlier releases, per-entry in flight (tasks queued across an upgrade)
+        parts = batch["parts"] if "parts" in batch else [[batch["slot"], batch["members"]]]
+        slot_of = {member: slot for slot, members in parts for member in members}
     members = list(slot_of)
     attempts = batch.get("attempts") or {}
     redelivered = sum(1 for m in members if attempts.get(m, 1) >= 2)
@@ -118,7 +125,7 @@ def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
             report = _deliver_external(gateway, members, attempts, live)
     except Exception as exc:  # noqa: BLE001 - whatever failed, the batch is settled as failed
         report = _crashed(members, attempts, live, exc)
-    return {**_settle(topic, slot_of, live, report), "redelivered": redelivered}
+    return {**_settle(topic, slot_of, parcels, live, report), "redelivered": redelivered}
 
 
 def _crashed(
@@ -445,26 +452,36 @@ def _message(
 
 
 def _settle(
-    topic: str, slot_of: dict[str, int], live: ReminderSettings, report: Report
+    topic: str,
+    slot_of: dict[str, int],
+    parcels: list[tuple[int, int, list[str]]],
+    live: ReminderSettings,
+    report: Report,
 ) -> dict[str, int]:
     now_ms = int(time.time() * 1000)
     if report.dead:
         ReminderSubscription.objects.filter(pk__in=report.dead, status=Status.SCHEDULED).update(
             status=Status.FAILED
         )
-    failed = {member for member, _ in report.failed}
-    done: dict[int, list[str]] = defaultdict(list)
-    for member, slot in slot_of.items():
-        if member not in failed:
-            done[slot].append(member)
     for item in report.early:  # its entry fired ahead of its row: back at the row's time
         queue.schedule(topic, member_of_sub(item.sub_id), _epoch_ms(item.remind_at),
                        slot=slot_of[item.member])  # fmt: skip
-    queue.ack_handed_many(topic, done)
-    retry: dict[int, list[tuple[str, str]]] = defaultdict(list)
-    for member, error in report.failed:
-        retry[slot_of[member]].append((member, error))
-    reminders_retry(topic, retry, live=live, now_ms=now_ms)
+    if parcels:
+        errors = dict(report.failed)
+        settled = [(slot, parcel_id, [(m, errors[m]) for m in members if m in errors])
+                   for slot, parcel_id, members in parcels]  # fmt: skip
+        reminders_retry_parcels(topic, settled, live=live, now_ms=now_ms)
+    else:
+        failed = {member for member, _ in report.failed}
+        done: dict[int, list[str]] = defaultdict(list)
+        for member, slot in slot_of.items():
+            if member not in failed:
+                done[slot].append(member)
+        queue.ack_handed_many(topic, done)
+        retry: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        for member, error in report.failed:
+            retry[slot_of[member]].append((member, error))
+        reminders_retry(topic, retry, live=live, now_ms=now_ms)
     if report.dead:
         raise_alert(
             title=f"{len(report.dead)} reminders dead after {live.max_attempts} attempts",
@@ -516,6 +533,22 @@ def reminders_retry(
             topic, slot, items, now_ms=now_ms, max_attempts=numbers.max_attempts,
             backoff_base_ms=numbers.backoff_base_ms, backoff_cap_ms=numbers.backoff_cap_ms,
         )  # fmt: skip
+
+
+def reminders_retry_parcels(
+    topic: str,
+    parcels: list[tuple[int, int, list[tuple[str, str]]]],
+    *,
+    live: ReminderSettings,
+    now_ms: int,
+) -> None:
+    """Parcels handed on and done with, [(slot, parcel id, [(member, error)])]: each leaves the
+    engine; its failed members go back to their slot after the live backoff, or dead past the
+    attempt limit."""
+    numbers = live.topic_settings()
+    queue.settle_parcels(topic, parcels, now_ms=now_ms, max_attempts=numbers.max_attempts,
+                         backoff_base_ms=numbers.backoff_base_ms,
+                         backoff_cap_ms=numbers.backoff_cap_ms)  # fmt: skip
 
 
 def reminders_dead(topic: str, members: list[str]) -> int:

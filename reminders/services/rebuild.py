@@ -23,14 +23,20 @@ def queues_pending_counts() -> dict[str, int]:
 
 
 def queues_rebuild(
-    *, due_before: datetime | None = None, progress: Progress | None = None
+    *,
+    due_before: datetime | None = None,
+    progress: Progress | None = None,
+    reminders_in_flight: tuple[datetime, datetime] | None = None,
 ) -> dict[str, int]:
-    """Idempotently re-index pending jobs and scheduled reminders; returns how many were added."""
+    """Idempotently re-index pending jobs and scheduled reminders; returns how many were added.
+    ``reminders_in_flight``: see ``subscriptions_reindex(may_be_in_flight=...)``."""
 
     def step(name: str) -> Callable[[int], None] | None:
         return None if progress is None else (lambda n: progress(name, n))
 
     return {
         "timeout jobs": timeout_jobs_reindex(due_before=due_before, progress=step("timeout jobs")),
-        "reminders": subscriptions_reindex(due_before=due_before, progress=step("reminders")),
+        "reminders": subscriptions_reindex(
+            due_before=due_before, progress=step("reminders"), may_be_in_flight=reminders_in_flight
+        ),
     }

@@ -148,12 +148,22 @@ def subscriptions_drop_for_coupon(*, coupon: Coupon, reason: str) -> int:
 
 
 def subscriptions_reindex(
-    *, due_before: datetime | None = None, progress: Callable[[int], None] | None = None
+    *,
+    due_before: datetime | None = None,
+    progress: Callable[[int], None] | None = None,
+    may_be_in_flight: tuple[datetime, datetime] | None = None,
 ) -> int:
-    """Re-index scheduled reminders (all, or due before ``due_before``); idempotent (NX)."""
+    """Re-index scheduled reminders (all, or due before ``due_before``); idempotent (NX).
+
+    ``may_be_in_flight`` (the worker's periodic reconcile): reminders due within these bounds
+    are left alone. They may be in an in-flight parcel, which NX cannot see into (the engine
+    keeps a parcel's ids as one string), and re-adding them would deliver them again. One that
+    really is missing is re-indexed by a later reconcile, once it falls out of the bounds."""
     scheduled = ReminderSubscription.objects.filter(status=Status.SCHEDULED)
     if due_before is not None:
         scheduled = scheduled.filter(remind_at__lt=due_before)
+    if may_be_in_flight is not None:
+        scheduled = scheduled.exclude(remind_at__range=may_be_in_flight)
     added, last_pk = 0, 0
     while True:
         chunk = list(

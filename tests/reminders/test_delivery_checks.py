@@ -13,6 +13,7 @@ from couponcenter import services as coupon_services
 from couponcenter.models import Coupon
 from reminders.engine import keys, queue
 from reminders.engine.connection import client as engine_client
+from reminders.engine.scripts import Parcel
 from reminders.members import REMINDER_TOPIC, legacy_member, member
 from reminders.models import Notification, ReminderSubscription
 from reminders.runtime.worker import build_worker
@@ -24,10 +25,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 Status = ReminderSubscription.Status
 
 
-def _claim_all(slot: int = 0, ahead_ms: int = 60_000) -> list[str]:
-    claimed = queue.claim(REMINDER_TOPIC, slot, now_ms=queue.epoch_ms() + ahead_ms, limit=100,
-                          visibility_ms=60_000, lease_token=queue.HANDED_TOKEN)  # fmt: skip
-    return [c.job_id for c in claimed]
+def _claim(slot: int = 0, ahead_ms: int = 60_000) -> Parcel:
+    """Claim what is due as the worker does: one parcel."""
+    return queue.claim_parcel(REMINDER_TOPIC, slot, now_ms=queue.epoch_ms() + ahead_ms,
+                              limit=100, visibility_ms=60_000,
+                              lease_token=queue.HANDED_TOKEN)  # fmt: skip
+
+
+def _batch(parcel: Parcel) -> dict:
+    """The Celery batch the worker publishes for ``parcel``."""
+    return {"topic": REMINDER_TOPIC, "parcels": [[parcel.slot, parcel.parcel_id, parcel.members]]}
 
 
 def _slot_sizes(slot: int = 0) -> tuple[int, int, int]:
@@ -48,11 +55,11 @@ def test_a_coupon_sold_out_after_the_hand_off_drops_its_reminders(reminder_setti
     reminder_settings.change(slots=1, gateway=gateway)
     coupon = CouponFactory(claim_opens_at=timezone.now() + timedelta(seconds=30), total_stock=5)
     subs = [subscription_subscribe(user_id=u, coupon=coupon)[0] for u in (1, 2, 3)]
-    members = _claim_all()
-    assert sorted(members) == sorted(member(s.pk) for s in subs)
+    parcel = _claim()
+    assert sorted(parcel.job_ids()) == sorted(member(s.pk) for s in subs)
     Coupon.objects.filter(pk=coupon.pk).update(claimed_count=5)  # sold out while in flight
 
-    result = reminders_deliver({"topic": REMINDER_TOPIC, "parts": [[0, members]]})
+    result = reminders_deliver(_batch(parcel))
 
     assert (result["delivered"], result["dropped"]) == (0, 3)
     rows = ReminderSubscription.objects.filter(coupon=coupon)
@@ -69,10 +76,10 @@ def test_a_batch_delivers_the_live_coupons_and_drops_the_cancelled_ones(reminder
     live, doomed = CouponFactory(claim_opens_at=opens), CouponFactory(claim_opens_at=opens)
     kept, _ = subscription_subscribe(user_id=1, coupon=live)
     lost, _ = subscription_subscribe(user_id=2, coupon=doomed)
-    members = _claim_all()
+    parcel = _claim()
     Coupon.objects.filter(pk=doomed.pk).update(status=Coupon.Status.CANCELLED)
 
-    result = reminders_deliver({"topic": REMINDER_TOPIC, "parts": [[0, members]]})
+    result = reminders_deliver(_batch(parcel))
 
     assert (result["delivered"], result["dropped"]) == (1, 1)
     kept.refresh_from_db(), lost.refresh_from_db()
@@ -87,10 +94,10 @@ def test_an_entry_that_fires_before_its_row_is_due_is_put_back_not_sent(reminder
     reminder_settings.change(slots=1, gateway="log")
     coupon = CouponFactory(claim_opens_at=timezone.now() + timedelta(hours=1))
     sub, _ = subscription_subscribe(user_id=4, coupon=coupon)
-    members = _claim_all(ahead_ms=2 * 3_600_000)  # as if its due time had come
-    assert members == [member(sub.pk)]
+    parcel = _claim(ahead_ms=2 * 3_600_000)  # as if its due time had come
+    assert parcel.job_ids() == [member(sub.pk)]
 
-    result = reminders_deliver({"topic": REMINDER_TOPIC, "parts": [[0, members]]})
+    result = reminders_deliver(_batch(parcel))
 
     assert result["delivered"] == 0
     sub.refresh_from_db()

@@ -36,13 +36,15 @@ def gateway_without_target(reminder_settings, settings):
     return configure
 
 
-def _claimed(count: int) -> list[str]:
+def _claimed(count: int) -> dict:
+    """``count`` reminders claimed as the worker claims them (one parcel): the Celery batch."""
     coupon = CouponFactory(claim_opens_at=timezone.now() + timedelta(seconds=30))
     for user_id in range(1, count + 1):
         subscription_subscribe(user_id=user_id, coupon=coupon)
-    claimed = queue.claim(REMINDER_TOPIC, 0, now_ms=queue.epoch_ms() + 60_000, limit=100,
-                          visibility_ms=60_000, lease_token=queue.HANDED_TOKEN)  # fmt: skip
-    return [c.job_id for c in claimed]
+    parcel = queue.claim_parcel(REMINDER_TOPIC, 0, now_ms=queue.epoch_ms() + 60_000, limit=100,
+                                visibility_ms=60_000, lease_token=queue.HANDED_TOKEN)  # fmt: skip
+    assert parcel.size == count
+    return {"topic": REMINDER_TOPIC, "parcels": [[0, parcel.parcel_id, parcel.members]]}
 
 
 def _where() -> tuple[int, int, int]:
@@ -54,9 +56,9 @@ def test_a_crashing_delivery_is_failed_and_retried_not_left_for_the_reaper(
     gateway_without_target, caplog
 ):
     gateway_without_target()
-    members = _claimed(3)
+    batch = _claimed(3)
     with caplog.at_level(logging.ERROR):
-        result = reminders_deliver({"topic": REMINDER_TOPIC, "parts": [[0, members]]})
+        result = reminders_deliver(batch)
     assert result["failed"] == 3 and result["delivered"] == 0
     assert _where() == (3, 0, 0)  # back in store, waiting out the backoff; none in flight
     (dead,) = queue.list_dead(REMINDER_TOPIC, 0) or [None]  # none dead yet
@@ -68,9 +70,9 @@ def test_a_crashing_delivery_is_failed_and_retried_not_left_for_the_reaper(
 
 def test_on_its_last_attempt_it_is_dead_with_its_real_error(gateway_without_target, caplog):
     gateway_without_target(max_attempts=1)
-    members = _claimed(2)
+    batch = _claimed(2)
     with caplog.at_level(logging.ERROR):
-        result = reminders_deliver({"topic": REMINDER_TOPIC, "parts": [[0, members]]})
+        result = reminders_deliver(batch)
     assert result["dead"] == 2
     assert _where() == (0, 0, 2)
     errors = {d.last_error for d in queue.list_dead(REMINDER_TOPIC, 0)}

@@ -16,8 +16,8 @@ import pytest
 from django.utils import timezone
 
 from reminders import services
-from reminders.engine import keys, scripts
-from reminders.members import REMINDER_TOPIC
+from reminders.engine import keys, queue, scripts
+from reminders.members import REMINDER_TOPIC, member
 from reminders.runtime import worker as worker_module
 from reminders.runtime.worker import Reconciler, build_worker
 from reminders.services import subscription_subscribe
@@ -109,3 +109,31 @@ def test_a_dispatch_tick_does_not_wait_for_the_reconcile(
         release.set()
         dispatcher.shutdown()  # waits for the reconcile in flight
     assert indexed(redis_client) == subscriptions
+
+
+def test_the_periodic_reconcile_does_not_index_again_what_is_in_a_parcel(
+    redis_client, reminder_settings
+):
+    """A parcel keeps its ids as one string, which NX cannot see into: the reconcile leaves
+    alone the reminders that may be in flight (due within the visibility timeout behind and the
+    pre-stage window ahead) and still brings back one that was lost long ago."""
+    reminder_settings.change(slots=1, visibility_timeout_ms=30_000, prestage_ms=0)
+    now = timezone.now()
+    in_flight = CouponFactory(claim_opens_at=now + timedelta(seconds=50))  # due 10 s ago
+    lost = CouponFactory(claim_opens_at=now + timedelta(seconds=10))  # due 50 s ago
+    flying, _ = subscription_subscribe(user_id=1, coupon=in_flight)
+    gone, _ = subscription_subscribe(user_id=2, coupon=lost)
+    redis_client.set(keys.epoch(), "set by a running worker")
+    parcel = queue.claim_parcel(REMINDER_TOPIC, 0, now_ms=queue.epoch_ms(flying.remind_at),
+                                limit=1, visibility_ms=30_000,
+                                lease_token=queue.HANDED_TOKEN)  # fmt: skip
+    assert parcel.job_ids() == [member(gone.pk)]  # the older one came first
+    queue.cancel(REMINDER_TOPIC, member(gone.pk), slot=0)  # not there: say it was lost
+    parcel = queue.claim_parcel(REMINDER_TOPIC, 0, now_ms=queue.epoch_ms(), limit=1,
+                                visibility_ms=30_000, lease_token=queue.HANDED_TOKEN)  # fmt: skip
+    assert parcel.job_ids() == [member(flying.pk)]  # in flight, in a parcel
+
+    Reconciler(every_s=0, window_s=300)()
+
+    store = keys.slot_keys(REMINDER_TOPIC, 0).store
+    assert {scripts.as_str(m) for m in redis_client.zrange(store, 0, -1)} == {member(gone.pk)}

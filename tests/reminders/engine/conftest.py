@@ -172,6 +172,10 @@ class Space:
     def meta(self) -> dict[str, str]:
         return {f.decode(): v.decode() for f, v in self.client.hgetall(self.k.meta).items()}
 
+    @property
+    def parcels(self) -> dict[str, str]:
+        return {f.decode(): v.decode() for f, v in self.client.hgetall(self.k.parcels).items()}
+
 
 @pytest.fixture
 def space(client):

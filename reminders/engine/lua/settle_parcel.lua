@@ -1,0 +1,58 @@
+--[[ settle_parcel: a deliverer is done with a parcel (phase two): the parcel leaves prepare; its
+failed jobs go back to store after a backoff, or to dead once attempts reach the maximum; the
+rest are done.
+
+KEYS[1] prepare   KEYS[2] store   KEYS[3] dead   KEYS[4] meta   KEYS[5] parcels
+ARGV[1] parcel id   ARGV[2] now_ms   ARGV[3] max_attempts   ARGV[4] backoff base ms
+ARGV[5] backoff cap ms   ARGV[6..] job_id, error pairs of the failed jobs
+Returns: {0, retried, dead, missing}: missing = 1 when the parcel is no longer in flight (the
+reaper took it back after its visibility deadline: its jobs are in store or dead already, and
+nothing is done here). Failed ids that are not in the parcel are ignored.
+Not fenced (as acks of handed-on entries are not): the lease holder handed the parcel on.
+A job's attempt is "a:<id>" in meta, or 1 when it has none (see claim_parcel); backoff =
+min(cap, base * 2^(attempt - 1)), as nack's.
+]]
+-- @include common
+
+local parcel = ARGV[1]
+local packed = redis.call('HGET', KEYS[5], parcel)
+if not packed then return {0, 0, 0, 1} end
+local n = select(2, string.gsub(packed, ',', ',')) + 1
+redis.call('HDEL', KEYS[5], parcel)
+redis.call('HINCRBY', KEYS[5], '#n', -n)
+redis.call('ZREM', KEYS[1], '#' .. parcel)
+
+local now = tonumber(ARGV[2])
+local max_attempts = tonumber(ARGV[3])
+local base, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
+local inside, failed = nil, {}
+local retried, dead = 0, 0
+for i = 6, #ARGV, 2 do
+  if not inside then
+    inside = {}
+    for id in string.gmatch(packed, '[^,]+') do inside[id] = true end
+  end
+  local id, err = ARGV[i], ARGV[i + 1]
+  if inside[id] and not failed[id] then
+    failed[id] = true
+    local attempt = tonumber(redis.call('HGET', KEYS[4], 'a:' .. id)) or 1
+    redis.call('HSET', KEYS[4], 'a:' .. id, attempt, 'e:' .. id, err)
+    redis.call('HDEL', KEYS[4], 's:' .. id)
+    if attempt >= max_attempts then
+      redis.call('ZADD', KEYS[3], fmt(now), id)
+      dead = dead + 1
+    else
+      local delay = math.min(cap, base * 2 ^ math.min(attempt - 1, 40))
+      redis.call('ZADD', KEYS[2], fmt(now + delay), id)
+      retried = retried + 1
+    end
+  end
+end
+if redis.call('EXISTS', KEYS[4]) == 1 then  -- the jobs done forget their attempts
+  local done = {}
+  for id in string.gmatch(packed, '[^,]+') do
+    if not failed[id] then done[#done + 1] = id end
+  end
+  forget(KEYS[4], done)
+end
+return {0, retried, dead, 0}

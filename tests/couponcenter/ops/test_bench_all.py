@@ -1,0 +1,63 @@
+"""bench_all's JSON: DESIGN.md section 8's ratios and figures, computed from one run's parts."""
+
+from __future__ import annotations
+
+from couponcenter.ops import bench_all
+
+RUN = {
+    "reminders": {"count": 200_000, "end_to_end_s": 8.0, "dispatch_per_s": 600_000,
+                  "raw_limit_per_s": 1_500_000, "burst_p99_ms": 0.0,
+                  "burst_p99_ms_without_prestage": 6500.0, "steady_lateness_p99_ms": 3.0,
+                  "steady_lateness_p999_ms": 9.0, "steady_lateness_p99_ms_without_prestage": 40.0,
+                  "steady_lateness_p999_ms_without_prestage": 90.0, "steady_rate_per_s": 5000},
+    "raw_inbox": {"raw_inbox_per_s": 40_000},
+    "expiry": {"count": 1_000_000, "workers": 2, "per_s": 90_000, "raw_sql_per_s": 100_000,
+               "of_raw": 0.9},
+    "claims": {"claims_per_s": 1000, "raw_limit_per_s": 3000},
+    "backlog": {"sizes": [{"pending": 10**6, "bytes_per_pending": 101.7, "claim_ack_per_s": 9,
+                           "claim_ack_per_s_per_entry": 5},
+                          {"pending": 10**7, "bytes_per_pending": 113.5, "claim_ack_per_s": 8,
+                           "claim_ack_per_s_per_entry": 4}],
+                "claim_rate_growth": 0.889, "claim_rate_growth_per_entry": 0.8,
+                "memory_growth": 1.116, "max_bytes_per_pending": 113.5},
+    "timeouts": {"burst_count": 200_000, "burst_delivered_per_s": 800, "raw_receiver_per_s": 1000,
+                 "burst_ratio_to_raw": 0.8, "isolation_steady_rate": 200,
+                 "isolation_lateness_p99_ms": 45.0, "isolation_lateness_p999_ms": 60.0,
+                 "bulk_create_jobs_per_s": 50_000, "cancel_by_key_per_s": 300},
+}  # fmt: skip
+
+
+def test_every_target_of_design_section_8_reads_as_a_ratio_of_the_run():
+    ratios = bench_all.ratios(RUN)
+    assert ratios == {
+        "reminders_end_to_end_of_raw_inbox": 0.625,  # 25,000/s of 40,000/s
+        "reminders_dispatch_of_raw_lua": 0.4,
+        "expiry_of_raw_sql": 0.9,
+        "claims_of_raw_http": 0.333,
+        "claim_rate_10m_of_1m": 0.889,
+        "timeouts_http_of_raw_receiver": 0.8,
+    }
+    assert set(ratios) == set(bench_all.RATIO_TARGETS)
+
+
+def test_the_absolute_targets_sit_beside_the_ratios():
+    glance = bench_all.at_a_glance(RUN)
+    assert (glance["burst_p99_ms"], glance["steady_5k_p99_ms"], glance["steady_5k_p999_ms"]) == (
+        0.0, 3.0, 9.0
+    )  # fmt: skip
+    assert glance["bytes_per_pending_job"] == 113.5
+    assert glance["timeouts_bulk_create_per_s"] == 50_000
+    assert glance["fast_topic_p99_ms_beside_slow_topic"] == 45.0
+
+
+def test_a_part_that_did_not_run_has_no_ratio():
+    ratios = bench_all.ratios({"expiry": RUN["expiry"]})
+    assert ratios["expiry_of_raw_sql"] == 0.9
+    assert ratios["reminders_dispatch_of_raw_lua"] is None
+    assert ratios["claim_rate_10m_of_1m"] is None
+
+
+def test_the_table_has_both_backlog_claim_paths():
+    names = [row.name for row in bench_all.figures(RUN)]
+    assert any("claim + settle in parcels" in name for name in names)
+    assert any("claim + ack entry by entry" in name for name in names)

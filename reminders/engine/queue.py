@@ -191,6 +191,28 @@ def settle_parcels(
                       sum(r.missing for r in results))  # fmt: skip
 
 
+def in_parcels(
+    topic: str, slots: Iterable[int], *, client: Client | None = None
+) -> dict[int, set[str]]:
+    """Per slot, the ids in flight in its parcels now (one pipeline; slots with none left out).
+    For a rebuild, whose NX cannot see into a parcel."""
+    slots = list(slots)
+    pipe = scripts.pipeline(connection.client(client))
+    for slot in slots:
+        pipe.hgetall(slot_keys(topic, slot).parcels)
+    out = {}
+    for slot, fields in zip(slots, pipe.execute(), strict=True):
+        ids = {
+            job_id
+            for name, packed in fields.items()
+            if not scripts.as_str(name).startswith("#")
+            for job_id in scripts.as_str(packed).split(",")
+        }
+        if ids:
+            out[slot] = ids
+    return out
+
+
 def ack(
     topic: str, slot: int, job_ids: Sequence[str], *, lease_token: str, client: Client | None = None
 ) -> int:

@@ -117,12 +117,8 @@ class Reconciler:
 
     def _reconcile_window(self) -> None:
         started = time.perf_counter()
-        now = timezone.now()
-        window_end = now + timedelta(seconds=self.window_s)
-        numbers = reminder_settings_get().topic_settings()
-        in_flight = (now - timedelta(milliseconds=numbers.visibility_ms),
-                     now + timedelta(milliseconds=numbers.lookahead_ms))  # fmt: skip
-        counts = services.queues_rebuild(due_before=window_end, reminders_in_flight=in_flight)
+        window_end = timezone.now() + timedelta(seconds=self.window_s)
+        counts = services.queues_rebuild(due_before=window_end)
         if any(counts.values()):
             # The counts in the text too: the plain log format drops ``extra``.
             logger.warning("reconcile re-indexed missing entries: %s", counts,

@@ -205,7 +205,7 @@ def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings)
             Item(member_of[pk], pk, user, aware_time(at), coupon, trace)
             for pk, user, at, coupon, trace in rows
         ]
-        items, hopeless = _drop_hopeless(items, now)
+        items, hopeless = _drop_hopeless(items, now, marked=Status.SENT)
         report.dropped += hopeless
         staged = _unstage_mates(items, now, live.merge_window_ms)
         groups = _merge(items + staged, live.merge_window_ms)
@@ -239,10 +239,11 @@ def coupon_drop_reasons(coupon_ids: set[int], *, now: datetime) -> dict[int, str
 _drop_reasons: TTLCache[int, str | None] = TTLCache(COUPON_STATE_TTL_S)
 
 
-def _drop_hopeless(items: list[Item], now: datetime) -> tuple[list[Item], int]:
-    """Items whose coupon can no longer help are ``dropped`` with the reason (their rows were
-    just marked ``sent`` in this transaction, so the mark is overwritten before anyone sees it);
-    the rest are returned with how many were dropped."""
+def _drop_hopeless(items: list[Item], now: datetime, *, marked: str) -> tuple[list[Item], int]:
+    """Items whose coupon can no longer help are ``dropped`` with the reason; the rest are
+    returned with how many were dropped. ``marked``: the status their rows have now (the inbox
+    marked them ``sent`` in this transaction, so the mark is overwritten before anyone sees
+    it; an external gateway has not sent them yet, so they are still ``scheduled``)."""
     reasons = coupon_drop_reasons({item.coupon_id for item in items}, now=now)
     if not any(reasons.values()):
         return items, 0
@@ -253,11 +254,12 @@ def _drop_hopeless(items: list[Item], now: datetime) -> tuple[list[Item], int]:
             dropped[reason].append(item.sub_id)
         else:
             kept.append(item)
+    count = 0
     for reason, sub_ids in dropped.items():
-        ReminderSubscription.objects.filter(pk__in=sub_ids).update(
+        count += ReminderSubscription.objects.filter(pk__in=sub_ids, status=marked).update(
             status=Status.DROPPED, drop_reason=reason, sent_at=None, updated_at=now
         )
-    return kept, len(items) - len(kept)
+    return kept, count
 
 
 def _unstage_mates(items: list[Item], now: datetime, window_ms: int) -> list[Item]:
@@ -331,16 +333,8 @@ def _deliver_external(
         report.dropped = ReminderSubscription.objects.filter(
             pk__in=too_late, status=Status.SCHEDULED
         ).update(status=Status.DROPPED, drop_reason="late")
-    reasons = coupon_drop_reasons({item.coupon_id for item in items}, now=now)
-    hopeless = defaultdict(list)
-    for item in items:
-        if reasons[item.coupon_id]:
-            hopeless[reasons[item.coupon_id]].append(item.sub_id)
-    for reason, sub_ids in hopeless.items():
-        report.dropped += ReminderSubscription.objects.filter(
-            pk__in=sub_ids, status=Status.SCHEDULED
-        ).update(status=Status.DROPPED, drop_reason=reason, updated_at=now)
-    items = [item for item in items if not reasons[item.coupon_id]]
+    items, hopeless = _drop_hopeless(items, now, marked=Status.SCHEDULED)
+    report.dropped += hopeless
     groups = _merge(items, live.merge_window_ms)
     results = gateway.deliver([g.message for g in groups]) if groups else []
     for group, result in zip(groups, results, strict=True):

@@ -23,20 +23,14 @@ def queues_pending_counts() -> dict[str, int]:
 
 
 def queues_rebuild(
-    *,
-    due_before: datetime | None = None,
-    progress: Progress | None = None,
-    reminders_in_flight: tuple[datetime, datetime] | None = None,
+    *, due_before: datetime | None = None, progress: Progress | None = None
 ) -> dict[str, int]:
-    """Idempotently re-index pending jobs and scheduled reminders; returns how many were added.
-    ``reminders_in_flight``: see ``subscriptions_reindex(may_be_in_flight=...)``."""
+    """Idempotently re-index pending jobs and scheduled reminders; returns how many were added."""
 
     def step(name: str) -> Callable[[int], None] | None:
         return None if progress is None else (lambda n: progress(name, n))
 
     return {
         "timeout jobs": timeout_jobs_reindex(due_before=due_before, progress=step("timeout jobs")),
-        "reminders": subscriptions_reindex(
-            due_before=due_before, progress=step("reminders"), may_be_in_flight=reminders_in_flight
-        ),
+        "reminders": subscriptions_reindex(due_before=due_before, progress=step("reminders")),
     }

@@ -148,22 +148,17 @@ def subscriptions_drop_for_coupon(*, coupon: Coupon, reason: str) -> int:
 
 
 def subscriptions_reindex(
-    *,
-    due_before: datetime | None = None,
-    progress: Callable[[int], None] | None = None,
-    may_be_in_flight: tuple[datetime, datetime] | None = None,
+    *, due_before: datetime | None = None, progress: Callable[[int], None] | None = None
 ) -> int:
     """Re-index scheduled reminders (all, or due before ``due_before``); idempotent (NX).
 
-    ``may_be_in_flight`` (the worker's periodic reconcile): reminders due within these bounds
-    are left alone. They may be in an in-flight parcel, which NX cannot see into (the engine
-    keeps a parcel's ids as one string), and re-adding them would deliver them again. One that
-    really is missing is re-indexed by a later reconcile, once it falls out of the bounds."""
+    A reminder in flight in a parcel is left out: NX sees store, prepare and dead, not inside a
+    parcel (the engine keeps a parcel's ids as one string), and re-adding one would deliver it a
+    second time for nothing. Each slot's parcels are read once per call."""
     scheduled = ReminderSubscription.objects.filter(status=Status.SCHEDULED)
     if due_before is not None:
         scheduled = scheduled.filter(remind_at__lt=due_before)
-    if may_be_in_flight is not None:
-        scheduled = scheduled.exclude(remind_at__range=may_be_in_flight)
+    in_flight: dict[tuple[str, int], set[str]] = {}  # (topic, slot) -> ids in its parcels
     added, last_pk = 0, 0
     while True:
         chunk = list(
@@ -178,7 +173,12 @@ def subscriptions_reindex(
             lambda r: (reminder_topic_for(r[3]), (member(r[0]), queue.epoch_ms(r[1]), r[2])),
         )
         for topic, items in grouped.items():
-            queue.record_layout_covering(topic, [slot for _, _, slot in items])
+            slots = {slot for _, _, slot in items}
+            queue.record_layout_covering(topic, slots)
+            unread = [slot for slot in slots if (topic, slot) not in in_flight]
+            found = queue.in_parcels(topic, unread) if unread else {}
+            in_flight.update({(topic, slot): found.get(slot, set()) for slot in unread})
+            items = [item for item in items if item[0] not in in_flight[(topic, item[2])]]
             added += queue.schedule_many(topic, items, nx=True)
         last_pk = chunk[-1][0]
         if progress is not None:

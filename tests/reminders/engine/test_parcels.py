@@ -139,3 +139,14 @@ def test_a_parcel_handler_that_fails_retries_the_whole_parcel(redis_client):
         assert (stats.store, stats.prepare) == (0, 5)  # handed on: in flight until settled
     finally:
         dispatcher.shutdown()
+
+
+def test_in_parcels_lists_the_ids_in_flight_per_slot(client, lease, now):
+    for slot in (0, 1):
+        k = slot_keys(T, slot)
+        scripts.enqueue(client, k, [(now - 2, f"x{slot}"), (now - 1, f"y{slot}"), (now, "1"),
+                                    (now, "2")])  # fmt: skip
+        scripts.claim_parcel(client, k, token=lease(T, slot), now_ms=now, limit=2,
+                             visibility_ms=VIS)  # fmt: skip
+    # The parcels hashes also hold "#seq" = 1 and "#n" = 2: counters, not ids in flight.
+    assert queue.in_parcels(T, [0, 1, 2], client=client) == {0: {"x0", "y0"}, 1: {"x1", "y1"}}

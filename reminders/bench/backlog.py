@@ -115,7 +115,8 @@ def bench_backlog_size(
     finally:
         _cleanup(client, topic, slots)
         for slot in range(slots):
-            client.delete(keys.slot_keys(topic, slot).store)
+            k = keys.slot_keys(topic, slot)
+            client.delete(k.store, k.later)
     if left != pending:
         raise AssertionError(f"{left} of {pending} left pending")
     return {

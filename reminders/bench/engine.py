@@ -40,7 +40,7 @@ def _items(n: int, slots: int, due_ms: int) -> list[tuple[str, int, int]]:
 def _cleanup(client: Client, topic: str, slots: int) -> None:
     for slot in range(slots):
         k = keys.slot_keys(topic, slot)
-        for key in (k.store, k.prepare, k.dead, k.meta, k.lease, k.fence, k.parcels):
+        for key in (k.store, k.prepare, k.dead, k.meta, k.lease, k.fence, k.parcels, k.later):
             client.delete(key)
     client.delete(keys.round_robin(topic), keys.layouts(topic))
 

@@ -9,6 +9,10 @@ Invariants (every module in this package keeps them):
    stays below 2^53 until the year 2255 with attempt <= 999) and ``dead`` (score = when it died).
    Attempts and last error survive moves in the slot's ``meta`` hash. The one exception: moving a
    job that is in flight adds a store copy next to it (the handler re-reads the truth anyway).
+   A job due more than ``LATER_AFTER_MS`` ahead when scheduled waits in a fourth set, ``later``,
+   which counts as scheduled everywhere (cancel, NX, stats, place); the slot's owner moves what
+   falls due within that much (plus the topic's look-ahead) into ``store`` every maintenance
+   tick (``promote``), so claims work on a set of the next minutes, however long the backlog.
 3. Every move between the sets is one Lua script, bounded by a LIMIT, given ``now`` in ms: no
    read-then-remove across round trips, no TIME inside a script, no key built inside a script.
 4. Delivery is at least once. A claimed job leaves prepare only by ack (done), nack (retry with

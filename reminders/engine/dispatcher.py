@@ -1,7 +1,8 @@
 """The dispatch loop: one object per worker process, ``run_once()`` per tick.
 
 A tick: read the config, heartbeat, work out which slots this worker should own, sync the slot
-leases, reap expired in-flight entries if we hold the reaper singleton, then claim due entries
+leases, move what falls due in the next minutes from ``later`` into ``store`` in our slots, reap
+expired in-flight entries if we hold the reaper singleton, then claim due entries
 batch by batch, round-robin over the owned slots (starting where the shared INCR counter points),
 hand each batch to its topic's handler and ack / nack / bury per item, then call each topic's
 ``flush`` hook (a handler may gather a round's batches into one hand-off). A tick stops claiming
@@ -195,8 +196,19 @@ class Dispatcher:
         }
         for topic, slot in self.leases.sync(wanted).lost:
             log.warning("lease lost on %s:%s", topic, slot)
+        self._promote(topics)
         self._reap(topics, served, cfg, report)
         self._housekeep(cfg)
+
+    def _promote(self, topics) -> None:
+        """In our slots, move what falls due within the next ``LATER_AFTER_MS`` (beyond each
+        topic's look-ahead) from ``later`` into ``store``, where the claims look."""
+        now = self.clock()
+        for topic, ts in topics:
+            tokens = {slot: token for slot in self.leases.owned(topic.name)
+                      if (token := self.leases.token(topic.name, slot)) is not None}  # fmt: skip
+            queue.promote(topic.name, tokens, until_ms=now + ts.lookahead_ms + queue.LATER_AFTER_MS,
+                          client=self.client)  # fmt: skip
 
     def _served_slots(self, topic: Topic, ts: TopicSettings) -> int:
         if self._layouts_seen.get(topic.name) != ts.slots:

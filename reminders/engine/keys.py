@@ -3,7 +3,9 @@
 Per (topic, slot) all keys share the hash tag ``{<topic>:<slot>}`` so that one Lua script may touch
 them all on a Redis Cluster (they live on one node)::
 
-    <prefix>:{<topic>:<slot>}:store    ZSET member = job id, score = due time (ms)
+    <prefix>:{<topic>:<slot>}:store    ZSET member = job id, score = due time (ms): what claims see
+    <prefix>:{<topic>:<slot>}:later    ZSET the same, for jobs due after the next few minutes
+                                       (moved into store ahead of time: promote.lua)
     <prefix>:{<topic>:<slot>}:prepare  ZSET score = deadline_ms * 1000 + attempt (see scripts.py)
     <prefix>:{<topic>:<slot>}:dead     ZSET score = time it died (ms)
     <prefix>:{<topic>:<slot>}:meta     HASH "a:<id>" = attempts so far, "e:<id>" = last error
@@ -50,6 +52,7 @@ class SlotKeys:
     lease: str
     fence: str
     parcels: str
+    later: str
 
 
 def slot_keys(topic: str, slot: int) -> SlotKeys:
@@ -64,6 +67,7 @@ def slot_keys(topic: str, slot: int) -> SlotKeys:
         lease=f"{base}:lease",
         fence=f"{base}:fence",
         parcels=f"{base}:parcels",
+        later=f"{base}:later",
     )
 
 

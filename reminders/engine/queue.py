@@ -24,6 +24,11 @@ from .scripts import Claimed, NackResult, Parcel, ReapResult
 
 SCHEDULE_CHUNK = 2000  # jobs per EVALSHA: big enough to amortise a round trip, small enough not to
 PIPELINE_CALLS = 64  # stall Redis; calls per pipeline flush keep client memory bounded
+# A job due later than this from now is scheduled in its slot's ``later`` set, and moved into
+# ``store`` (where claims look) by the slot's owner once it falls due within this much, plus
+# the topic's look-ahead (``promote``): a burst is claimed from a set of minutes, not of days.
+LATER_AFTER_MS = 120_000
+PROMOTE_LIMIT = 20_000  # jobs moved per slot and call
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +59,20 @@ def epoch_ms(moment: datetime | None = None) -> int:
 
 
 def schedule(
-    topic: str, job_id: str, due_ms: int, *, slot: int, client: Client | None = None
+    topic: str,
+    job_id: str,
+    due_ms: int,
+    *,
+    slot: int,
+    client: Client | None = None,
+    now_ms: int | None = None,
 ) -> bool:
-    """Schedule (or move) one job; True if it was not in the store before."""
-    return (
-        scripts.enqueue(connection.client(client), slot_keys(topic, slot), [(due_ms, job_id)]) == 1
-    )
+    """Schedule (or move) one job; True if it was not scheduled before."""
+    later_after = (epoch_ms() if now_ms is None else now_ms) + LATER_AFTER_MS
+    k = slot_keys(topic, slot)
+    added = scripts.enqueue(connection.client(client), k, [(due_ms, job_id)],
+                            later_after_ms=later_after)  # fmt: skip
+    return added == 1
 
 
 def schedule_many(
@@ -68,12 +81,15 @@ def schedule_many(
     *,
     nx: bool = False,
     client: Client | None = None,
+    now_ms: int | None = None,
 ) -> int:
-    """Bulk schedule (job_id, due_ms, slot) items: grouped per slot, chunked, pipelined.
+    """Bulk schedule (job_id, due_ms, slot) items: grouped per slot, chunked, pipelined. Jobs
+    due more than ``LATER_AFTER_MS`` after ``now_ms`` (default: the clock) wait in ``later``.
 
-    ``nx=True`` is the rebuild mode: jobs already in store, prepare or dead are left alone.
+    ``nx=True`` is the rebuild mode: jobs already scheduled, in flight or dead are left alone.
     Returns the number of jobs newly added.
     """
+    later_after = (epoch_ms() if now_ms is None else now_ms) + LATER_AFTER_MS
     by_slot: dict[int, list] = {}
     for job_id, due_ms, slot in items:
         pairs = by_slot.get(slot)
@@ -84,7 +100,8 @@ def schedule_many(
     for slot, pairs in by_slot.items():
         k = slot_keys(topic, slot)
         for i in range(0, len(pairs), SCHEDULE_CHUNK):
-            calls.append(scripts.enqueue_call(k, pairs[i : i + SCHEDULE_CHUNK], nx=nx))
+            calls.append(scripts.enqueue_call(k, pairs[i : i + SCHEDULE_CHUNK], nx=nx,
+                                              later_after_ms=later_after))  # fmt: skip
     added = 0
     for i in range(0, len(calls), PIPELINE_CALLS):
         added += sum(scripts.run_calls(connection.client(client), calls[i : i + PIPELINE_CALLS]))
@@ -189,6 +206,26 @@ def settle_parcels(
                                                                        calls)]  # fmt: skip
     return NackResult(sum(r.retried for r in results), sum(r.dead for r in results),
                       sum(r.missing for r in results))  # fmt: skip
+
+
+def promote(
+    topic: str,
+    tokens: Mapping[int, str],
+    *,
+    until_ms: int,
+    limit: int = PROMOTE_LIMIT,
+    client: Client | None = None,
+) -> dict[int, int]:
+    """Move jobs due by ``until_ms`` from ``later`` into ``store`` in the slots whose lease
+    tokens are given ({slot: token}), up to ``limit`` a slot, in one pipeline. Returns how many
+    moved per slot; a slot whose lease was lost moves nothing and is left out."""
+    slots = list(tokens)
+    calls = [scripts.PROMOTE.call((k.later, k.store, k.lease), (tokens[slot], until_ms, limit))
+             for slot in slots for k in (slot_keys(topic, slot),)]  # fmt: skip
+    if not calls:
+        return {}
+    moved = scripts.run_calls(connection.client(client), calls)
+    return {slot: int(n) for slot, n in zip(slots, moved, strict=True) if int(n) >= 0}
 
 
 def in_parcels(
@@ -328,15 +365,17 @@ def reap(
 def stats(
     topic: str, slots: Iterable[int], *, now_ms: int, client: Client | None = None
 ) -> list[SlotStats]:
-    """Backlog figures for each slot, in one pipeline. ``prepare`` counts jobs in flight, those
-    in parcels included (a parcel's prepare entry stands for its ``#n`` share)."""
+    """Backlog figures for each slot, in one pipeline. ``store`` counts every scheduled job, in
+    ``store`` or ``later``; ``prepare`` the jobs in flight, those in parcels included (a
+    parcel's prepare entry stands for its ``#n`` share)."""
     slots = list(slots)
     pipe = scripts.pipeline(connection.client(client))
     for slot in slots:
         k = slot_keys(topic, slot)
-        pipe.zcard(k.store)
-        pipe.zcount(k.store, "-inf", now_ms)
-        pipe.zrange(k.store, 0, 0, withscores=True)
+        for key in (k.store, k.later):
+            pipe.zcard(key)
+            pipe.zcount(key, "-inf", now_ms)
+            pipe.zrange(key, 0, 0, withscores=True)
         pipe.zcard(k.prepare)
         pipe.zcard(k.dead)
         pipe.hlen(k.parcels)
@@ -344,8 +383,12 @@ def stats(
     raw = pipe.execute()
     out = []
     for i, slot in enumerate(slots):
-        store, due, oldest, prepare, dead, fields, in_parcels = raw[7 * i : 7 * i + 7]
-        overdue = max(0, now_ms - int(oldest[0][1])) if oldest else 0
+        near, near_due, near_head, far, far_due, far_head, prepare, dead, fields, in_parcels = raw[
+            10 * i : 10 * i + 10
+        ]
+        store, due = near + far, near_due + far_due
+        heads = [int(rows[0][1]) for rows in (near_head, far_head) if rows]
+        overdue = max(0, now_ms - min(heads)) if heads else 0
         if fields:  # "#seq" and "#n" beside one field per parcel
             prepare += int(in_parcels or 0) - (fields - PARCEL_COUNTERS)
         out.append(SlotStats(topic, slot, store, due, overdue, prepare, dead))
@@ -358,7 +401,8 @@ PARCEL_COUNTERS = 2  # the parcels hash's "#seq" and "#n"
 def heads(
     topic: str, slots: Iterable[int], *, client: Client | None = None
 ) -> dict[int, int | None]:
-    """Per slot, the earliest due time (ms) in its store, or None when empty (one pipeline)."""
+    """Per slot, the earliest due time (ms) in its store, or None when empty (one pipeline):
+    what a claim would take first (``later`` holds nothing due before the next promotion)."""
     slots = list(slots)
     if not slots:
         return {}
@@ -372,19 +416,27 @@ def heads(
 
 
 def earliest_due(topic: str, slots: Iterable[int], *, client: Client | None = None) -> int | None:
-    """The smallest due time (ms) in the stores of ``slots``, or None when they are all empty."""
-    firsts = [due for due in heads(topic, slots, client=client).values() if due is not None]
+    """The smallest due time (ms) scheduled in ``slots`` (store or later), or None when none is."""
+    pipe = scripts.pipeline(connection.client(client))
+    for slot in slots:
+        k = slot_keys(topic, slot)
+        pipe.zrange(k.store, 0, 0, withscores=True)
+        pipe.zrange(k.later, 0, 0, withscores=True)
+    firsts = [int(rows[0][1]) for rows in pipe.execute() if rows]
     return min(firsts) if firsts else None
 
 
 def due_before(
     topic: str, slot: int, *, before_ms: int, limit: int, client: Client | None = None
 ) -> list[str]:
-    """Up to ``limit`` job ids of a slot's store due before ``before_ms``, earliest first."""
-    rows = connection.client(client).zrangebyscore(
-        slot_keys(topic, slot).store, "-inf", f"({before_ms}", start=0, num=limit
-    )
-    return [scripts.as_str(member) for member in rows]
+    """Up to ``limit`` scheduled job ids of a slot due before ``before_ms``, earliest first."""
+    k = slot_keys(topic, slot)
+    pipe = connection.client(client).pipeline(transaction=False)
+    for key in (k.store, k.later):
+        pipe.zrangebyscore(key, "-inf", f"({before_ms}", start=0, num=limit, withscores=True)
+    rows = sorted((score, scripts.as_str(member)) for tier in pipe.execute()
+                  for member, score in tier)  # fmt: skip
+    return [member for _, member in rows[:limit]]
 
 
 def list_dead(
@@ -491,9 +543,11 @@ def place(topic: str, slot: int, job_id: str, *, client: Client | None = None) -
     k = slot_keys(topic, slot)
     pipe = connection.client(client).pipeline(transaction=False)
     pipe.zscore(k.store, job_id)
+    pipe.zscore(k.later, job_id)
     pipe.zscore(k.prepare, job_id)
     pipe.zscore(k.dead, job_id)
-    for where, score in zip(("scheduled", "in flight", "dead"), pipe.execute(), strict=True):
+    places = ("scheduled", "scheduled", "in flight", "dead")
+    for where, score in zip(places, pipe.execute(), strict=True):
         if score is not None:
             return Place(where, int(score))
     return Place("absent", None)
@@ -508,9 +562,10 @@ def due_between(
     pipe = connection.client(client).pipeline(transaction=False)
     edges = [start_ms, *bounds_ms]
     for slot in slots:
-        store = slot_keys(topic, slot).store
-        for low, high in zip(edges, edges[1:], strict=False):
-            pipe.zcount(store, low, f"({high}")
+        k = slot_keys(topic, slot)
+        for key in (k.store, k.later):
+            for low, high in zip(edges, edges[1:], strict=False):
+                pipe.zcount(key, low, f"({high}")
     counts = pipe.execute()
     windows = len(bounds_ms)
     return [sum(counts[i::windows]) for i in range(windows)]

@@ -116,6 +116,7 @@ ENQUEUE = LuaScript("enqueue")
 CANCEL = LuaScript("cancel")
 CLAIM_DUE = LuaScript("claim_due")
 CLAIM_PARCEL = LuaScript("claim_parcel")
+PROMOTE = LuaScript("promote")
 SETTLE_PARCEL = LuaScript("settle_parcel")
 ACK = LuaScript("ack")
 NACK = LuaScript("nack")
@@ -128,9 +129,9 @@ LEASE_RELEASE = LuaScript("lease_release")
 SINGLETON_HOLD = LuaScript("singleton_hold")
 WORKERS_PRUNE = LuaScript("workers_prune")
 RATE_TAKE = LuaScript("rate_take")
-ALL = (ENQUEUE, CANCEL, CLAIM_DUE, CLAIM_PARCEL, SETTLE_PARCEL, ACK, NACK, REAP, REQUEUE_DEAD,
-       PURGE_DEAD, LEASE_ACQUIRE, LEASE_RENEW, LEASE_RELEASE, SINGLETON_HOLD, WORKERS_PRUNE,
-       RATE_TAKE)  # fmt: skip
+ALL = (ENQUEUE, CANCEL, CLAIM_DUE, CLAIM_PARCEL, SETTLE_PARCEL, PROMOTE, ACK, NACK, REAP,
+       REQUEUE_DEAD, PURGE_DEAD, LEASE_ACQUIRE, LEASE_RENEW, LEASE_RELEASE, SINGLETON_HOLD,
+       WORKERS_PRUNE, RATE_TAKE)  # fmt: skip
 
 
 def load_all(client: Client) -> None:
@@ -174,33 +175,55 @@ def as_str(value: bytes | str) -> str:
 # --- queue scripts -------------------------------------------------------------------------------
 
 
-def enqueue_call(k: SlotKeys, items: Iterable[tuple[int, str]], *, nx: bool = False) -> Call:
+def enqueue_call(
+    k: SlotKeys,
+    items: Iterable[tuple[int, str]],
+    *,
+    nx: bool = False,
+    later_after_ms: int | None = None,
+) -> Call:
     """``items`` are (due_ms, job_id); see ``enqueue``."""
-    args: list[Any] = ["nx" if nx else "upsert"]
+    args: list[Any] = ["nx" if nx else "upsert", -1 if later_after_ms is None else later_after_ms]
     for due_ms, job_id in items:
         args.append(due_ms)
         args.append(job_id)
-    return ENQUEUE.call((k.store, k.prepare, k.dead, k.meta), args)
+    return ENQUEUE.call((k.store, k.prepare, k.dead, k.meta, k.later), args)
 
 
 def enqueue(
-    client: Client, k: SlotKeys, items: Iterable[tuple[int, str]], *, nx: bool = False
+    client: Client,
+    k: SlotKeys,
+    items: Iterable[tuple[int, str]],
+    *,
+    nx: bool = False,
+    later_after_ms: int | None = None,
 ) -> int:
-    """Upsert (due_ms, job_id) pairs into the store; ``nx``: only jobs found nowhere in the slot."""
-    script, keys, args = enqueue_call(k, items, nx=nx)
+    """Upsert (due_ms, job_id) pairs into the schedule; ``nx``: only jobs found nowhere in the
+    slot. Jobs due after ``later_after_ms`` go to ``later`` (None: every one to ``store``)."""
+    script, keys, args = enqueue_call(k, items, nx=nx, later_after_ms=later_after_ms)
     return int(script(client, keys, args))
+
+
+def promote(client: Client, k: SlotKeys, *, token: str, until_ms: int, limit: int) -> int:
+    """Move up to ``limit`` jobs due by ``until_ms`` from later into store. Raises LeaseLost."""
+    moved = int(PROMOTE(client, (k.later, k.store, k.lease), (token, until_ms, limit)))
+    if moved == LEASE_LOST:
+        raise LeaseLost(k)
+    return moved
 
 
 _WHERE = {1: "store", 2: "prepare", 3: "dead"}
 
 
 def cancel_call(k: SlotKeys, job_id: str) -> Call:
-    return CANCEL.call((k.store, k.prepare, k.dead, k.meta), (job_id,))
+    return CANCEL.call((k.store, k.prepare, k.dead, k.meta, k.later), (job_id,))
 
 
 def cancel(client: Client, k: SlotKeys, job_id: str) -> str | None:
-    """Remove ``job_id`` from the slot; returns the set it was in ("store", "prepare", "dead")."""
-    return _WHERE.get(int(CANCEL(client, (k.store, k.prepare, k.dead, k.meta), (job_id,))))
+    """Remove ``job_id`` from the slot; returns where it was: "store" (scheduled, in store or
+    later), "prepare" or "dead"."""
+    script, keys, args = cancel_call(k, job_id)
+    return _WHERE.get(int(script(client, keys, args)))
 
 
 def claim_due(

@@ -10,8 +10,7 @@ import pytest
 from django.utils import timezone
 
 from couponcenter import services as coupon_services
-from couponcenter.core.redis import get_redis
-from reminders.engine import keys, queue
+from reminders.engine import queue
 from reminders.members import REMINDER_TOPIC, member
 from reminders.models import Notification, ReminderSubscription
 from reminders.services import subscription_subscribe, subscription_unsubscribe
@@ -26,8 +25,7 @@ LEAVERS = 5
 
 
 def _in_store(sub: ReminderSubscription) -> bool:
-    k = keys.slot_keys(REMINDER_TOPIC, sub.slot)
-    return get_redis().zscore(k.store, member(sub.pk)) is not None
+    return queue.place(REMINDER_TOPIC, sub.slot, member(sub.pk)).where == "scheduled"
 
 
 def _subscribe(coupon, user_ids) -> list[ReminderSubscription]:

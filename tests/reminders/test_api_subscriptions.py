@@ -6,8 +6,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from couponcenter.core.redis import get_redis
-from reminders.engine import keys, queue
+from reminders.engine import queue
 from reminders.members import REMINDER_TOPIC, member
 from reminders.models import ReminderSubscription
 from tests.support.factories import CouponFactory, api_user
@@ -37,8 +36,7 @@ def _url(user_id, coupon_id) -> str:
 
 
 def _in_redis(sub: ReminderSubscription) -> bool:
-    k = keys.slot_keys(REMINDER_TOPIC, sub.slot)
-    return get_redis().zscore(k.store, member(sub.pk)) is not None
+    return queue.place(REMINDER_TOPIC, sub.slot, member(sub.pk)).where == "scheduled"
 
 
 def test_put_creates_then_is_idempotent(service, upcoming, reminder_settings):

@@ -11,8 +11,7 @@ from django.utils import timezone
 
 from couponcenter import services as coupon_services
 from couponcenter.models import Coupon
-from reminders.engine import keys, queue
-from reminders.engine.connection import client as engine_client
+from reminders.engine import queue
 from reminders.engine.scripts import Parcel
 from reminders.members import REMINDER_TOPIC, legacy_member, member
 from reminders.models import Notification, ReminderSubscription
@@ -26,7 +25,10 @@ Status = ReminderSubscription.Status
 
 
 def _claim(slot: int = 0, ahead_ms: int = 60_000) -> Parcel:
-    """Claim what is due as the worker does: one parcel."""
+    """Claim what is due as the worker does (after moving it into store from later): one
+    parcel."""
+    until = queue.epoch_ms() + ahead_ms
+    queue.promote(REMINDER_TOPIC, {slot: queue.HANDED_TOKEN}, until_ms=until)
     return queue.claim_parcel(REMINDER_TOPIC, slot, now_ms=queue.epoch_ms() + ahead_ms,
                               limit=100, visibility_ms=60_000,
                               lease_token=queue.HANDED_TOKEN)  # fmt: skip
@@ -102,8 +104,8 @@ def test_an_entry_that_fires_before_its_row_is_due_is_put_back_not_sent(reminder
     assert result["delivered"] == 0
     sub.refresh_from_db()
     assert sub.status == Status.SCHEDULED
-    store = keys.slot_keys(REMINDER_TOPIC, 0).store
-    assert engine_client().zscore(store, member(sub.pk)) == queue.epoch_ms(sub.remind_at)
+    back = queue.place(REMINDER_TOPIC, 0, member(sub.pk))
+    assert back == queue.Place("scheduled", queue.epoch_ms(sub.remind_at))
     assert _slot_sizes() == (1, 0, 0)
 
 
@@ -144,5 +146,5 @@ def test_an_old_entry_left_behind_by_a_moved_coupon_shows_at_the_new_time(
 
     (note,) = Notification.objects.filter(user_id=5)
     assert note.visible_at == sub.remind_at > timezone.now()
-    store = keys.slot_keys(REMINDER_TOPIC, 0).store
-    assert engine_client().zscore(store, member(sub.pk)) == queue.epoch_ms(sub.remind_at)
+    today = queue.place(REMINDER_TOPIC, 0, member(sub.pk))
+    assert today == queue.Place("scheduled", queue.epoch_ms(sub.remind_at))

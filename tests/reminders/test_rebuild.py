@@ -64,7 +64,7 @@ def members(redis_client, topic: str, slots: int) -> dict[int, list[str]]:
         k = keys.slot_keys(topic, slot)
         found = [
             scripts.as_str(m)
-            for key in (k.store, k.prepare, k.dead)
+            for key in (k.store, k.later, k.prepare, k.dead)
             for m in redis_client.zrange(key, 0, -1)
         ]
         if found:
@@ -169,7 +169,8 @@ def test_rebuild_leaves_in_flight_and_dead_entries_alone(call_topic, make_job, r
     assert "timeout jobs: 0 re-indexed" in rebuild()
     for job, where in ((in_flight, "prepare"), (dead, "dead")):
         k = keys.slot_keys(TOPIC, job.slot)
-        assert redis_client.zscore(k.store, str(job.pk)) is None
+        expected = "in flight" if where == "prepare" else where
+        assert queue.place(TOPIC, job.slot, str(job.pk)).where == expected
         assert redis_client.zscore(getattr(k, where), str(job.pk)) is not None
 
 
@@ -197,7 +198,8 @@ def test_worker_reconcile_brings_back_jobs_due_within_the_window(
     # Entries lost while the marker survives (say, a failover to a replica that lagged): the
     # periodic reconcile brings back what is due within its window, and only that.
     for slot in range(SLOTS):
-        redis_client.delete(keys.slot_keys(TOPIC, slot).store)
+        k = keys.slot_keys(TOPIC, slot)
+        redis_client.delete(k.store, k.later)
     assert redis_client.exists(keys.epoch())
     Reconciler(every_s=0, window_s=600)()
     back = {m for ids in members(redis_client, TOPIC, SLOTS).values() for m in ids}

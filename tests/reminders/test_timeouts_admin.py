@@ -9,8 +9,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from couponcenter.core.redis import get_redis
-from reminders.engine import keys
+from reminders.engine import queue
 from reminders.models import TimeoutJob
 from reminders.services import timeout_job_create
 from tests.support.factories import UserFactory
@@ -28,8 +27,8 @@ def admin() -> Client:
 
 
 def _due(job: TimeoutJob) -> int | None:
-    score = get_redis().zscore(keys.slot_keys(TOPIC, job.slot).store, str(job.pk))
-    return None if score is None else int(score)
+    where = queue.place(TOPIC, job.slot, str(job.pk))
+    return where.at_ms if where.where == "scheduled" else None
 
 
 def _change(admin: Client, job: TimeoutJob, **fields):
@@ -105,7 +104,7 @@ def test_the_job_page_shows_its_place_in_redis_and_its_attempts(admin):
     TimeoutJob.objects.filter(pk=job.pk).update(history=[
         {"attempt": 1, "at": "2031-03-01T09:00:01+00:00", "outcome": "failed", "error": "HTTP 503"}
     ])  # fmt: skip
-    get_redis().zrem(keys.slot_keys(TOPIC, job.slot).store, str(job.pk))
+    queue.cancel(TOPIC, str(job.pk), slot=job.slot)
     page = admin.get(url).content.decode()
     assert 'id="tj-history"' in page and "HTTP 503" in page and "failed" in page
     assert "absent from timeout.default" in page

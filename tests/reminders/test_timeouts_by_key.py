@@ -11,8 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from couponcenter.core.redis import get_redis
-from reminders.engine import keys, queue
+from reminders.engine import queue
 from reminders.handlers import timeout_jobs
 from reminders.models import TimeoutJob
 from reminders.runtime.worker import build_worker
@@ -68,9 +67,9 @@ def key(biz_id: str) -> str:
 
 
 def due_in_redis(job_id: int, slot: int) -> int | None:
-    """The job's due time in its slot's store (None: not there)."""
-    score = get_redis().zscore(keys.slot_keys(TOPIC, slot).store, str(job_id))
-    return None if score is None else int(score)
+    """The job's due time in its slot's schedule (None: not scheduled)."""
+    where = queue.place(TOPIC, slot, str(job_id))
+    return where.at_ms if where.where == "scheduled" else None
 
 
 def backlog() -> int:

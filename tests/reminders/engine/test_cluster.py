@@ -16,7 +16,7 @@ T = "coupon.reminder"
 def test_all_keys_of_a_slot_share_one_cluster_keyslot(cluster_client):
     for slot in range(32):
         k = slot_keys(T, slot)
-        names = [k.store, k.prepare, k.dead, k.meta, k.lease, k.fence, k.parcels]
+        names = [k.store, k.prepare, k.dead, k.meta, k.lease, k.fence, k.parcels, k.later]
         assert len({cluster_client.keyslot(name) for name in names}) == 1
         node = cluster_client.get_node_from_key(k.store)
         assert cluster_client.execute_command("CLUSTER KEYSLOT", k.fence, target_nodes=node) == \

@@ -34,7 +34,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import Error as DbError
+from django.db import connection, transaction
 from django.db.models import OuterRef, Subquery, Sum
 
 from .core.db import prepared
@@ -189,7 +190,7 @@ def claimed_count_folding(*, coupon_id: int) -> Iterator[ClaimOutcome]:
         if due:
             try:
                 coupon_claimed_count_fold(coupon_id=coupon_id)
-            except DatabaseError:
+            except DbError:  # InterfaceError too (a connection closed under us)
                 with _folds_lock:
                     folds.dirty = True
                 # The claims are committed; the count catches up at the next fold.

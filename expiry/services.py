@@ -46,7 +46,8 @@ from datetime import UTC, datetime, timedelta
 
 import redis
 from django.conf import settings
-from django.db import DatabaseError, OperationalError, connection, transaction
+from django.db import Error as DbError
+from django.db import OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -392,7 +393,7 @@ def _lane_release(lane: int | None) -> None:
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [LANE_LOCK_CLASS, lane])
-    except DatabaseError:  # the connection went: so did its session lock
+    except DbError:  # the connection went: so did its session lock
         logger.warning("expiry: could not release sweep lane %s", lane, exc_info=True)
 
 

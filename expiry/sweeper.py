@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import DatabaseError, close_old_connections
+from django.db import Error as DbError
+from django.db import close_old_connections
 from django.utils import timezone
 
 from . import services
@@ -80,7 +81,7 @@ class Sweeper:
             result.cleaned = services.expiry_cleanup(
                 retention=config.retention, batch_size=batch_size, should_stop=self._stop.is_set
             )
-        except DatabaseError as exc:
+        except DbError as exc:  # InterfaceError too: a connection closed under us
             result.error = f"{type(exc).__name__}: {exc}".strip()
             logger.exception("expiry: pass failed; its batch stays pending for the next pass")
             close_old_connections()  # a broken connection is replaced on the next pass
@@ -137,7 +138,7 @@ class Sweeper:
                 return max(MIN_SLEEP_SECONDS, min(ERROR_BACKOFF_SECONDS, interval))
             deadline = started + interval
             due = services.next_due_at()
-        except DatabaseError:
+        except DbError:
             logger.exception("expiry: could not read the schedule")
             close_old_connections()
             return ERROR_BACKOFF_SECONDS

@@ -236,3 +236,42 @@ def test_sigterm_finishes_the_batch_in_flight_then_exits():
     assert processed == expired and processed % batch == 0, (processed, expired)
     assert 0 < processed < count, "the SIGTERM landed mid-sweep"
     assert processed + pending_count() == count
+
+
+def _terminate_backend(pid):
+    """Have PostgreSQL drop the backend ``pid`` (what an outage does to a live connection)."""
+    import psycopg2
+
+    other = psycopg2.connect(**connection.get_connection_params())
+    try:
+        other.autocommit = True
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s, 10000)", [pid])
+            assert cursor.fetchone()[0], "the backend was not terminated"
+    finally:
+        other.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_lost_between_sweep_and_cleanup_fails_the_pass_not_the_sweeper():
+    # CI, PostgreSQL cut for 10 s: the connection went after the pass's last batch, the lane's
+    # release failed (logged), and cleanup's BEGIN raised InterfaceError ("connection already
+    # closed"), which is no DatabaseError: it escaped run_once and the sweeper process died.
+    if connection.vendor != "postgresql":
+        pytest.skip("a PostgreSQL backend to terminate")
+    due_tasks(3)
+
+    class CutAfterTheSweep(Sweeper):
+        def _progress(self, batch):
+            super()._progress(batch)
+            _terminate_backend(connection.connection.info.backend_pid)
+
+    sweeper = CutAfterTheSweep(batch_size=10)
+    failed = sweeper.run_once()
+    assert not failed.ok and "closed" in failed.error
+    assert failed.totals.expired == 3  # the sweep itself committed before the cut
+
+    due_tasks(2)
+    recovered = Sweeper(batch_size=10).run_once()  # a fresh connection, no restart
+    assert recovered.ok and recovered.totals.expired == 2
+    assert pending_count() == 0

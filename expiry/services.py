@@ -376,8 +376,11 @@ def expiry_sweep_due(
 
 
 def _lane_take() -> int | None:
-    """Lane 0 or 1 if one is free (``expiry_sweep_due``), else None; PostgreSQL only."""
-    if connection.vendor != "postgresql":
+    """Lane 0 or 1 if one is free (``expiry_sweep_due``), else None; PostgreSQL only, and not
+    behind a pooler in transaction mode (``DB_PREPARED_STATEMENTS=0``), where a session lock
+    taken on one server connection could not be released from the next and would hold its lane
+    until the pooler closed that connection."""
+    if connection.vendor != "postgresql" or not settings.DB_PREPARED_STATEMENTS:
         return None
     with connection.cursor() as cursor:
         for lane in (0, 1):

@@ -28,7 +28,7 @@ from couponcenter.models import Coupon, UserCoupon
 from expiry.models import ExpiryTask
 from reminders.engine import keys, queue, scripts
 from reminders.engine.keys import slot_for
-from reminders.members import REMINDER_TOPIC
+from reminders.members import REMINDER_TOPIC, member
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
@@ -154,7 +154,7 @@ class ConsoleBench:
         bar = self.progress(self.count, "redis index")
         batch = []
         for pk, user_id, remind_at in rows.iterator(chunk_size=20_000):
-            batch.append((f"{pk}:{user_id}:{coupon.pk}", int(remind_at.timestamp() * 1000),
+            batch.append((member(pk), int(remind_at.timestamp() * 1000),
                           slot_for(user_id, slots)))  # fmt: skip
             if len(batch) >= 50_000:
                 queue.schedule_many(REMINDER_TOPIC, batch)
@@ -172,6 +172,8 @@ class ConsoleBench:
         for slot in range(min(slots, 4)):
             k = keys.slot_keys(REMINDER_TOPIC, slot)
             token = scripts.lease_acquire(client, k, holder=self.tag, ttl_ms=60_000)
+            # Due in a day, they wait in ``later``: into store first, where claims look.
+            queue.promote(REMINDER_TOPIC, {slot: token}, until_ms=10**13, limit=per_slot)
             got = queue.claim(REMINDER_TOPIC, slot, now_ms=10**13, limit=per_slot,
                               visibility_ms=60_000, lease_token=token, with_due=False)  # fmt: skip
             queue.bury(REMINDER_TOPIC, slot, [(c.job_id, "bench: gateway 503") for c in got],

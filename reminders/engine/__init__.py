@@ -12,27 +12,31 @@ Invariants (every module in this package keeps them):
    A job due more than ``LATER_AFTER_MS`` ahead when scheduled waits in a fourth set, ``later``,
    which counts as scheduled everywhere (cancel, NX, stats, place); the slot's owner moves what
    falls due within that much (plus the topic's look-ahead) into ``store`` every maintenance
-   tick (``promote``), so claims work on a set of the next minutes, however long the backlog.
+   tick (``promote``, and every tick while a slot has more than one call moves), so claims work
+   on a set of the next minutes, however long the backlog.
 3. Every move between the sets is one Lua script, bounded by a LIMIT, given ``now`` in ms: no
    read-then-remove across round trips, no TIME inside a script, no key built inside a script.
 4. Delivery is at least once. A claimed job leaves prepare only by ack (done), nack (retry with
-   backoff, or dead at max_attempts) or reap (its visibility deadline passed).
+   backoff, or dead at max_attempts), a parcel's settle (the same for each id: see 8) or reap
+   (its visibility deadline passed).
 5. Only the holder of a slot's lease claims, acks or nacks in it: the lease's fencing token is
    checked inside those scripts, and every new lease takes a fresh token from the slot's INCR'd
    fence, so a worker that lost its lease can never move an entry again.
 6. A handler may hand entries on (``HANDED_ON``): they stay in prepare, and whoever they were handed
-   to (a Celery delivery task) settles them with ``ack_handed`` / ``nack_handed``, which are not
-   fenced. A settle that meets an entry reaped and re-claimed meanwhile does no harm: handling is
-   idempotent against the database ledger, and an entry nobody settles is reaped after the
-   visibility deadline.
+   to (a Celery delivery task) settles them with ``ack_handed`` / ``nack_handed``, or a parcel with
+   ``settle_parcels``, which are not fenced. A settle that meets an entry reaped and re-claimed
+   meanwhile does no harm: handling is idempotent against the database ledger, and an entry nobody
+   settles is reaped after the visibility deadline.
 7. A job's slot is ``crc32(slot_basis) & (slots - 1)``; the caller stores it. Slot counts are powers
    of two, and workers serve every layout still holding entries until it is drained.
 8. A topic that hands whole batches on may claim them as parcels (``Topic.parcels``): one prepare
-   entry ``#<parcel id>`` per batch, its ids one string in the slot's ``parcels`` hash, attempts
-   past the first in ``meta``. A parcel leaves whole: ``settle_parcels`` (its failed ids retried
-   or dead, the rest done) or the reaper (each id as an entry would be). Nothing looks inside a
-   parcel: ``cancel``, ``place`` and ``schedule_many(nx=True)`` do not see its ids, so the owner
-   acts on its own record, not on where Redis has the id.
+   entry ``#<parcel id>`` per batch (its score's attempt is always 1), its ids one string in the
+   slot's ``parcels`` hash, attempts past the first in ``meta``; parcel ids start from the claim
+   time when a slot's parcels hash is new, so none is reused after Redis lost its data. A parcel
+   leaves whole: ``settle_parcels`` (its failed ids retried or dead, the rest done) or the reaper
+   (each id as an entry would be). Nothing looks inside a parcel: ``cancel``, ``place`` and
+   ``schedule_many(nx=True)`` do not see its ids, so the owner acts on its own record, not on where
+   Redis has the id.
 """
 
 from .keys import slot_for

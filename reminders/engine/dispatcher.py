@@ -50,7 +50,7 @@ ERROR_SLEEP_S = 1.0  # after a failed tick (Redis down, handler bug in setup)
 # The renewer thread keeps the slot leases while a round runs long (a slow publish, a long
 # rebuild), but not for a loop stuck this long in one tick: its slots should go to others.
 STUCK_TICK_MS = 60_000
-REAP_LIMIT = 1000  # expired in-flight entries moved back per slot per tick
+REAP_LIMIT = 1000  # expired in-flight jobs moved back per slot per tick (a parcel whole)
 PRUNE_EVERY_MS = 10_000  # how often the reaper forgets drained layouts and long-dead workers
 _DONE = (Outcome.OK, Outcome.DROP)
 
@@ -142,6 +142,10 @@ class Dispatcher:
         self._wake = threading.Event()  # wake(): room freed up somewhere, claim again now
         self._layouts_seen: dict[str, int] = {}
         self._last_prune_ms = 0
+        self.promote_limit = queue.PROMOTE_LIMIT  # jobs moved per slot and promotion
+        # Slots whose last promotion moved a full ``promote_limit`` (more may be waiting, e.g.
+        # what fell due in later while no worker ran): promoted again every tick until not.
+        self._behind: dict[str, set[int]] = {}
 
     def topics(self) -> list[Topic]:
         if self._topics is None:
@@ -167,6 +171,8 @@ class Dispatcher:
             self._last_maintenance_ms = now
             self._last_shape = shape  # a topic added or resized gets its slots at once
             self._maintain(cfg, topics, report)
+        elif any(self._behind.values()):
+            self._promote(topics, behind_only=True)
         report.owned = {t.name: self.leases.owned(t.name) for t, _ in topics}
         working = [(topic, ts) for topic, ts in topics if not ts.paused and self.may_claim(topic)]
         try:
@@ -174,6 +180,8 @@ class Dispatcher:
         finally:
             self._flush(working)
         report.next_due_ms = self._next_due(working)
+        if any(self._behind.values()):
+            report.busy = True  # more to promote: tick again at once
         self._count_handed(report)
         return report
 
@@ -200,15 +208,23 @@ class Dispatcher:
         self._reap(topics, served, cfg, report)
         self._housekeep(cfg)
 
-    def _promote(self, topics) -> None:
+    def _promote(self, topics, *, behind_only: bool = False) -> None:
         """In our slots, move what falls due within the next ``LATER_AFTER_MS`` (beyond each
-        topic's look-ahead) from ``later`` into ``store``, where the claims look."""
-        now = self.clock()
+        topic's look-ahead) from ``later`` into ``store``, where the claims look, at most
+        ``promote_limit`` a slot. ``behind_only``: just the slots whose last promotion was full,
+        so a backlog that fell due while no worker ran is caught up tick by tick, a bounded
+        script call at a time, instead of once per maintenance interval."""
+        now, behind = self.clock(), {}
         for topic, ts in topics:
-            tokens = {slot: token for slot in self.leases.owned(topic.name)
+            slots = (self._behind.get(topic.name, ()) if behind_only
+                     else self.leases.owned(topic.name))  # fmt: skip
+            tokens = {slot: token for slot in slots
                       if (token := self.leases.token(topic.name, slot)) is not None}  # fmt: skip
-            queue.promote(topic.name, tokens, until_ms=now + ts.lookahead_ms + queue.LATER_AFTER_MS,
-                          client=self.client)  # fmt: skip
+            until = now + ts.lookahead_ms + queue.LATER_AFTER_MS
+            moved = queue.promote(topic.name, tokens, until_ms=until, limit=self.promote_limit,
+                                  client=self.client)  # fmt: skip
+            behind[topic.name] = {s for s, n in moved.items() if n >= self.promote_limit}
+        self._behind = behind  # a topic gone since is forgotten
 
     def _served_slots(self, topic: Topic, ts: TopicSettings) -> int:
         if self._layouts_seen.get(topic.name) != ts.slots:

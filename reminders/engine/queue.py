@@ -402,7 +402,8 @@ def heads(
     topic: str, slots: Iterable[int], *, client: Client | None = None
 ) -> dict[int, int | None]:
     """Per slot, the earliest due time (ms) in its store, or None when empty (one pipeline):
-    what a claim would take first (``later`` holds nothing due before the next promotion)."""
+    what a claim would take first. ``later`` is not read: what falls due there is promoted into
+    store first (a backlog past one promotion's limit over the next ticks)."""
     slots = list(slots)
     if not slots:
         return {}
@@ -531,8 +532,8 @@ def prune_layouts(topic: str, current: int, *, client: Client | None = None) -> 
 
 @dataclass(frozen=True)
 class Place:
-    """Where one job is in its slot now: ``where`` is ``scheduled`` (store; ``at_ms`` its due
-    time), ``in flight`` (prepare; ``at_ms`` when its visibility runs out), ``dead`` (``at_ms``
+    """Where one job is in its slot now: ``where`` is ``scheduled`` (store or later; ``at_ms`` its
+    due time), ``in flight`` (prepare; ``at_ms`` when its visibility runs out), ``dead`` (``at_ms``
     when it died) or ``absent`` (fired and acknowledged, cancelled, or not indexed yet)."""
 
     where: str

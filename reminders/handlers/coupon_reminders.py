@@ -8,10 +8,10 @@ again: delivery reads each subscription's row, and with it drops what can no lon
 (cancelled, sold out, closed, too late), merges a user's reminders of one merge window into one
 message, and writes or sends it.
 
-The handed-on entries stay in the slot's prepare set: the delivery task acks the delivered ones and
-nacks the failed ones, so a Celery worker dying mid-delivery only delays them until the visibility
-deadline, when the reaper puts them back (at-least-once; the inbox ledger makes it once for the
-user).
+The handed-on parcels stay in the slot's prepare set: the delivery task settles each parcel whole
+(the failed ids retried with backoff or dead, the rest done), so a Celery worker dying mid-delivery
+only delays them until the visibility deadline, when the reaper puts them back (at-least-once; the
+inbox ledger makes it once for the user).
 """
 
 from __future__ import annotations

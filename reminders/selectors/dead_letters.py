@@ -142,8 +142,10 @@ def dead_letter_search(term: str, *, pairs: list[tuple[str, int]]) -> list[DeadL
         for name, s in pairs:
             if is_reminder_topic(name):
                 add(name, s, term)
-    if reminders and term.isalnum() and term.isascii() and not term.isdigit():
-        for name, s in pairs:  # a reminder member as the engine holds it (base 36)
+    if reminders and term.isalnum() and term.isascii():
+        # A reminder member as the engine holds it (base 36), copied from the list: one made of
+        # digits only ("123" is subscription 1371) is tried as a member too.
+        for name, s in pairs:
             if is_reminder_topic(name):
                 add(name, s, term.lower())
     if term.isdigit() and len(term) <= 18:

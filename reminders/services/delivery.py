@@ -1,4 +1,4 @@
-"""Delivering reminder batches: gateway, ledger, then ack or nack in the engine.
+"""Delivering reminder batches: gateway, ledger, then settling the parcels in the engine.
 
 A batch is what the dispatcher handed on from one claim round, one engine parcel per claimed
 batch: ``{"topic", "parcels": [[slot, parcel id, "member,member,..."], ...], "attempts":
@@ -19,12 +19,13 @@ Invariants:
 - for external gateways (webhook) the message's ``dedup_key`` (the sorted subscription ids) is the
   ``Idempotency-Key``, so a crash between the POST and marking ``sent`` is absorbed by the receiver;
 - a user's reminders whose ``remind_at`` falls in the same merge window become one message;
-- only failed messages are retried (``nack_handed``, with backoff); past ``max_attempts`` they are
-  dead in the engine, ``failed`` in the database, and an alert is raised;
+- only failed messages are retried (``settle_parcels``, with backoff); past ``max_attempts`` they
+  are dead in the engine, ``failed`` in the database, and an alert is raised;
 - entries leave the prepare set only after the database says what happened to them;
-- nothing is sent before its row's ``remind_at`` (an entry that fired early, such as one an
-  earlier release indexed before its coupon moved, is put back at that time; the inbox stages it
-  hidden until then).
+- nothing is sent before its row's ``remind_at``: an entry that fired early (a stale copy, one an
+  earlier release indexed before its coupon moved) is put back at that time. The inbox stages
+  hidden only what falls due within the look-ahead window (``staged_withdraw`` waits on exactly
+  those rows), and puts back what is due later.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from reminders.alerts import raise_alert
 from reminders.engine import queue
 from reminders.gateways import Gateway, InboxGateway, Message, gateway_for
 from reminders.members import member as member_of_sub
-from reminders.members import sub_id_of
+from reminders.members import sub_id_of, try_sub_id_of
 from reminders.models import ReminderSettings, ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
@@ -112,6 +113,14 @@ def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
         parts = batch["parts"] if "parts" in batch else [[batch["slot"], batch["members"]]]
         slot_of = {member: slot for slot, members in parts for member in members}
     members = list(slot_of)
+    # An entry that names no subscription (written by hand, or by a release that spelled members
+    # otherwise) fails alone, retried and then dead where the console shows it, instead of
+    # failing its whole batch at every attempt.
+    strays = {m for m in members if try_sub_id_of(m) is None}
+    if strays:
+        logger.error("%d entries of %s name no subscription, e.g. %r", len(strays), topic,
+                     min(strays))  # fmt: skip
+        members = [m for m in members if m not in strays]
     attempts = batch.get("attempts") or {}
     redelivered = sum(1 for m in members if attempts.get(m, 1) >= 2)
     # Checked now, not from the process's cache: one small query a batch, and a change of the
@@ -125,6 +134,7 @@ def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
             report = _deliver_external(gateway, members, attempts, live)
     except Exception as exc:  # noqa: BLE001 - whatever failed, the batch is settled as failed
         report = _crashed(members, attempts, live, exc)
+    report.failed += [(m, "not a reminder member") for m in sorted(strays)]
     return {**_settle(topic, slot_of, parcels, live, report), "redelivered": redelivered}
 
 
@@ -196,8 +206,13 @@ def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings)
                                sub_ids, "status = %s, drop_reason = %s, updated_at = %s",
                                [Status.DROPPED, "late", db_time(now)])  # fmt: skip
             report.dropped = len(late)
-        # A reminder claimed ahead of its due time (pre-staged) is "sent" for showing then.
-        rows = _claim_rows(STILL_SCHEDULED, [Status.SCHEDULED], sub_ids,
+        # A reminder claimed ahead of its due time (pre-staged) is "sent" for showing then, but
+        # only within the look-ahead window: ``staged_withdraw`` waits only on rows due within
+        # it, so a row staged further ahead could slip past an unsubscribe racing this
+        # transaction and show anyway. An entry that fired earlier than that is put back.
+        horizon = now + timedelta(milliseconds=live.prestage_ms, seconds=EARLY_TOLERANCE_S)
+        rows = _claim_rows(f"{STILL_SCHEDULED} AND remind_at <= %s",
+                           [Status.SCHEDULED, db_time(horizon)], sub_ids,
                            "status = %s, sent_at = CASE WHEN remind_at > %s THEN remind_at "
                            "ELSE %s END, updated_at = %s",
                            [Status.SENT, *[db_time(now)] * 3])  # fmt: skip
@@ -205,6 +220,8 @@ def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings)
             Item(member_of[pk], pk, user, aware_time(at), coupon, trace)
             for pk, user, at, coupon, trace in rows
         ]
+        if len(rows) < len(sub_ids):
+            report.early = _early_items(member_of, {row[0] for row in rows}, horizon)
         items, hopeless = _drop_hopeless(items, now, marked=Status.SENT)
         report.dropped += hopeless
         staged = _unstage_mates(items, now, live.merge_window_ms)
@@ -220,6 +237,16 @@ def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings)
             gateway.deliver(messages)
     report.delivered = items
     return report
+
+
+def _early_items(member_of: dict[int, str], claimed: set[int], horizon: datetime) -> list[Item]:
+    """The batch's rows still ``scheduled`` and due after ``horizon``: their entries fired
+    early (a stale copy, one an earlier release indexed before its coupon moved)."""
+    rest = [pk for pk in member_of if pk not in claimed]
+    rows = ReminderSubscription.objects.filter(
+        pk__in=rest, status=Status.SCHEDULED, remind_at__gt=horizon
+    ).values_list("pk", "user_id", "remind_at", "coupon_id", "traceparent")
+    return [Item(member_of[pk], pk, *row) for pk, *row in rows]
 
 
 def coupon_drop_reasons(coupon_ids: set[int], *, now: datetime) -> dict[int, str | None]:
@@ -548,7 +575,7 @@ def reminders_retry_parcels(
 def reminders_dead(topic: str, members: list[str]) -> int:
     """The reaper sent these entries to dead (every delivery attempt timed out): mark them
     ``failed`` and alert, as a delivery that failed its last attempt does."""
-    sub_ids = [sub_id_of(m) for m in members]
+    sub_ids = [sub_id for m in members if (sub_id := try_sub_id_of(m)) is not None]
     failed = ReminderSubscription.objects.filter(pk__in=sub_ids, status=Status.SCHEDULED).update(
         status=Status.FAILED, updated_at=timezone.now()
     )

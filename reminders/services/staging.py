@@ -31,7 +31,8 @@ from .indexing import REINDEX_CHUNK, index_on_commit
 Status = ReminderSubscription.Status
 REMINDER_KIND = "coupon_reminder"
 # Rows due this much past the window may be in flight too (a claim a moment before the window
-# moved, a settings change): locked as well.
+# moved, a settings change): locked as well. Delivery stages only rows due within the window
+# (plus a few seconds), so every row it may be staging is locked here.
 LOCK_SLACK_MS = 60_000
 
 

@@ -154,11 +154,11 @@ def subscriptions_reindex(
 
     A reminder in flight in a parcel is left out: NX sees store, prepare and dead, not inside a
     parcel (the engine keeps a parcel's ids as one string), and re-adding one would deliver it a
-    second time for nothing. Each slot's parcels are read once per call."""
+    second time for nothing. A slot's parcels are read for each chunk, after its rows: a rebuild
+    of millions runs for minutes, and what was claimed meanwhile must be left out too."""
     scheduled = ReminderSubscription.objects.filter(status=Status.SCHEDULED)
     if due_before is not None:
         scheduled = scheduled.filter(remind_at__lt=due_before)
-    in_flight: dict[tuple[str, int], set[str]] = {}  # (topic, slot) -> ids in its parcels
     added, last_pk = 0, 0
     while True:
         chunk = list(
@@ -175,10 +175,8 @@ def subscriptions_reindex(
         for topic, items in grouped.items():
             slots = {slot for _, _, slot in items}
             queue.record_layout_covering(topic, slots)
-            unread = [slot for slot in slots if (topic, slot) not in in_flight]
-            found = queue.in_parcels(topic, unread) if unread else {}
-            in_flight.update({(topic, slot): found.get(slot, set()) for slot in unread})
-            items = [item for item in items if item[0] not in in_flight[(topic, item[2])]]
+            in_flight = queue.in_parcels(topic, slots)  # slot -> ids in its parcels
+            items = [item for item in items if item[0] not in in_flight.get(item[2], ())]
             added += queue.schedule_many(topic, items, nx=True)
         last_pk = chunk[-1][0]
         if progress is not None:

@@ -90,10 +90,13 @@ def test_a_batch_delivers_the_live_coupons_and_drops_the_cancelled_ones(reminder
     assert list(Notification.objects.values_list("user_id", flat=True)) == [1]
 
 
-def test_an_entry_that_fires_before_its_row_is_due_is_put_back_not_sent(reminder_settings):
+@pytest.mark.parametrize("gateway", ["log", "inbox"])
+def test_an_entry_that_fires_before_its_row_is_due_is_put_back_not_sent(reminder_settings, gateway):
     """External gateways send at once, so an entry that fires ahead of its row (one indexed by
-    an earlier release before its coupon moved, or any stale copy) must not send."""
-    reminder_settings.change(slots=1, gateway="log")
+    an earlier release before its coupon moved, or any stale copy) must not send. The inbox
+    must not stage it either: an unsubscribe waits only on rows due within the look-ahead
+    window, so a row staged an hour ahead could show after the user said no."""
+    reminder_settings.change(slots=1, gateway=gateway, prestage_ms=30_000)
     coupon = CouponFactory(claim_opens_at=timezone.now() + timedelta(hours=1))
     sub, _ = subscription_subscribe(user_id=4, coupon=coupon)
     parcel = _claim(ahead_ms=2 * 3_600_000)  # as if its due time had come
@@ -104,9 +107,26 @@ def test_an_entry_that_fires_before_its_row_is_due_is_put_back_not_sent(reminder
     assert result["delivered"] == 0
     sub.refresh_from_db()
     assert sub.status == Status.SCHEDULED
+    assert not Notification.objects.filter(user_id=4).exists()
     back = queue.place(REMINDER_TOPIC, 0, member(sub.pk))
     assert back == queue.Place("scheduled", queue.epoch_ms(sub.remind_at))
     assert _slot_sizes() == (1, 0, 0)
+
+
+def test_an_entry_within_the_look_ahead_window_is_staged_hidden(reminder_settings):
+    reminder_settings.change(slots=1, prestage_ms=30_000)
+    coupon = CouponFactory(claim_opens_at=timezone.now() + timedelta(seconds=80))
+    sub, _ = subscription_subscribe(user_id=6, coupon=coupon)
+    parcel = _claim(ahead_ms=60_000)
+    assert parcel.job_ids() == [member(sub.pk)]
+
+    assert reminders_deliver(_batch(parcel))["delivered"] == 1
+
+    sub.refresh_from_db()
+    (note,) = Notification.objects.filter(user_id=6)
+    assert sub.status == Status.SENT
+    assert note.visible_at == sub.remind_at > timezone.now()
+    assert _slot_sizes() == (0, 0, 0)
 
 
 def test_a_member_of_an_earlier_release_is_delivered_once(eager_celery, reminder_settings):
@@ -127,24 +147,49 @@ def test_a_member_of_an_earlier_release_is_delivered_once(eager_celery, reminder
     assert _slot_sizes() == (0, 0, 0)
 
 
-def test_an_old_entry_left_behind_by_a_moved_coupon_shows_at_the_new_time(
+def test_an_old_entry_left_behind_by_a_moved_coupon_waits_for_the_new_time(
     eager_celery, reminder_settings
 ):
     """An earlier release's entry stays at the old time when the coupon moves (the move indexes
-    today's member): when it fires, the inbox writes the reminder hidden until the row's new
-    time, and today's entry finds it sent then. The user sees one reminder, on time."""
+    today's member): when it fires, delivery finds the row due two hours later and puts today's
+    member back at that time; nothing reaches the inbox before then."""
     reminder_settings.change(slots=1, prestage_ms=0)
     coupon = CouponFactory(claim_opens_at=timezone.now() + timedelta(seconds=30))
     sub, _ = subscription_subscribe(user_id=5, coupon=coupon)
     old_due = queue.epoch_ms(sub.remind_at)
-    queue.schedule(REMINDER_TOPIC, legacy_member(sub.pk, 5, coupon.pk), old_due, slot=0)
+    old = legacy_member(sub.pk, 5, coupon.pk)
+    queue.schedule(REMINDER_TOPIC, old, old_due, slot=0)
     coupon_services.coupon_update(coupon=coupon, claim_opens_at=coupon.claim_opens_at
                                   + timedelta(hours=2))  # fmt: skip
     sub.refresh_from_db()
 
     assert _drain().claimed == 1  # the old entry only: today's is two hours away
 
-    (note,) = Notification.objects.filter(user_id=5)
-    assert note.visible_at == sub.remind_at > timezone.now()
+    assert not Notification.objects.filter(user_id=5).exists()
+    sub.refresh_from_db()
+    assert sub.status == Status.SCHEDULED
+    assert queue.place(REMINDER_TOPIC, 0, old) == queue.Place("absent", None)
     today = queue.place(REMINDER_TOPIC, 0, member(sub.pk))
     assert today == queue.Place("scheduled", queue.epoch_ms(sub.remind_at))
+
+
+def test_an_entry_that_names_no_subscription_fails_alone(reminder_settings):
+    """A stray entry (written by hand, or by a release that spelled members otherwise) must not
+    fail the reminders claimed with it: they are delivered, it is retried and then dead."""
+    reminder_settings.change(slots=1, max_attempts=2)
+    coupon = CouponFactory(claim_opens_at=timezone.now() + timedelta(seconds=30))
+    sub, _ = subscription_subscribe(user_id=7, coupon=coupon)
+    queue.schedule(REMINDER_TOPIC, "#12", queue.epoch_ms(sub.remind_at), slot=0)
+
+    for attempt in (1, 2):
+        parcel = _claim(ahead_ms=3_600_000)
+        assert "#12" in parcel.job_ids()
+        result = reminders_deliver(_batch(parcel))
+        assert result["failed"] == 1
+        assert result["delivered"] == (1 if attempt == 1 else 0)
+
+    assert Notification.objects.filter(user_id=7).count() == 1
+    sub.refresh_from_db()
+    assert sub.status == Status.SENT
+    assert _slot_sizes() == (0, 0, 1)  # the stray is dead, where the console lists it
+    assert queue.place(REMINDER_TOPIC, 0, "#12").where == "dead"

@@ -10,8 +10,8 @@ Returns: {-1} when the lease no longer holds our token (nothing moved);
          attempt, every other one is on attempt 1.
 Where claim_due writes one prepare entry per job, this writes one per batch: the prepare entry
 "#<parcel id>" (score = (now + visibility) * 1000 + 1) and the field <parcel id> of the parcels
-hash holding the ids. In the same hash "#seq" numbers the parcels and "#n" counts the ids in
-them (the slot's in-flight figure). A job past its first attempt has its attempt in meta
+hash holding the ids. In the same hash "#seq" numbers the parcels (from the claim time in ms
+when the hash is new) and "#n" counts the ids in them (the slot's in-flight figure). A job past its first attempt has its attempt in meta
 ("a:<id>"), where claim_due keeps it in the prepare score. Job ids never contain ",".
 A parcel leaves by settle_parcel, or by reap once its visibility deadline passed.
 ]]
@@ -37,6 +37,13 @@ if redis.call('EXISTS', KEYS[3]) == 1 then  -- the common case, no meta at all, 
 end
 local packed = table.concat(ids, ',')
 local parcel = redis.call('HINCRBY', KEYS[5], '#seq', 1)
+if parcel == 1 then
+  -- The slot's first parcel, or the first since Redis lost its data: numbered from now (ms),
+  -- so no id is given again to another parcel while a deliverer may still hold one issued
+  -- before the loss (its settle would settle the new parcel instead).
+  parcel = math.floor(tonumber(ARGV[2]))
+  redis.call('HSET', KEYS[5], '#seq', parcel)
+end
 redis.call('HSET', KEYS[5], parcel, packed)
 redis.call('HINCRBY', KEYS[5], '#n', n)
 redis.call('ZADD', KEYS[2], fmt((tonumber(ARGV[2]) + tonumber(ARGV[4])) * 1000 + 1), '#' .. parcel)

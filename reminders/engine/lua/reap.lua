@@ -7,17 +7,17 @@ Returns: {retried, dead, id of each job that went dead...}.
 A job sent back to store is marked a suspect ('s:<id>' in meta): the next claim takes it alone.
 Deadline < now  <=>  score = deadline * 1000 + attempt < now * 1000, since attempt < 1000.
 A parcel ("#<parcel id>", see claim_parcel) is reaped whole: each of its jobs as a job would be,
-its attempt from meta ("a:<id>", 1 when absent). LIMIT counts prepare entries, so one call moves
-at most LIMIT parcels.
+its attempt from meta ("a:<id>", 1 when absent). LIMIT counts jobs, and a parcel is taken whole,
+so one call moves at most LIMIT jobs plus the rest of the last parcel it took (one batch).
 ]]
 -- @include common
 
 local now = tonumber(ARGV[1])
 local max_attempts = tonumber(ARGV[3])
-local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. fmt(now * 1000), 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+local limit = tonumber(ARGV[2])
+local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. fmt(now * 1000), 'WITHSCORES', 'LIMIT', 0, limit)
 local n = #rows / 2
 if n == 0 then return {0, 0} end
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - 1)
 local retried, dead = 0, 0
 local dead_ids = {}
 
@@ -34,7 +34,10 @@ local function back(id, attempt)
   end
 end
 
+local taken, jobs = 0, 0
 for i = 1, n do
+  if jobs >= limit then break end
+  taken = i
   local id = rows[2 * i - 1]
   if string.sub(id, 1, 1) == '#' then
     local parcel = string.sub(id, 2)
@@ -47,11 +50,15 @@ for i = 1, n do
         count = count + 1
       end
       redis.call('HINCRBY', KEYS[5], '#n', -count)
+      jobs = jobs + count
     end
   else
     back(id, tonumber(rows[2 * i]) % 1000)
+    jobs = jobs + 1
   end
 end
+-- The range started at -inf, so the entries taken are exactly ranks 0..taken-1.
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, taken - 1)
 local out = {retried, dead}
 for i = 1, #dead_ids do out[i + 2] = dead_ids[i] end
 return out

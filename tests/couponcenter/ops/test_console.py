@@ -164,6 +164,22 @@ def test_dead_letter_list_filters_and_search(dead, overdue):
     assert dead_letters.dead_letter_list(search="nonsense").letters == []
 
 
+def test_a_dead_member_made_of_digits_is_found_as_listed(reminder_settings):
+    """Base 36 members can be all digits ("123" is subscription 1371): pasted from the list into
+    the search box, it must find its entry, not only subscriptions and users numbered 123."""
+    client, k = scripts_client(), keys.slot_keys(REMINDER_TOPIC, 0)
+    queue.schedule(REMINDER_TOPIC, "123", queue.epoch_ms() - 1000, slot=0)
+    token = scripts.lease_acquire(client, k, holder="console-test", ttl_ms=60_000)
+    queue.claim(REMINDER_TOPIC, 0, now_ms=queue.epoch_ms(), limit=10, visibility_ms=60_000,
+                lease_token=token)  # fmt: skip
+    queue.bury(REMINDER_TOPIC, 0, [("123", "gateway said 503")], now_ms=queue.epoch_ms(),
+               lease_token=token)  # fmt: skip
+    scripts.lease_release(client, k.lease, token=token)
+
+    found = dead_letters.dead_letter_list(search="123").letters
+    assert [(d.topic, d.slot, d.job_id) for d in found] == [(REMINDER_TOPIC, 0, "123")]
+
+
 def test_dead_letters_are_found_by_error_text(dead, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):  # indexed in Redis on commit
         subs = overdue_reminders(range(7600, 7602))

@@ -92,3 +92,31 @@ def test_a_worker_promotes_and_claims_a_job_scheduled_long_before(redis_client):
         assert dispatcher.run_once().claimed == 1 and seen == ["j"]
     finally:
         dispatcher.shutdown()
+
+
+def test_a_backlog_that_fell_due_in_later_is_promoted_tick_by_tick_until_claimed(redis_client):
+    """What fell due in later while no worker ran (more than one promotion moves) is caught up
+    at once: ``--once`` does not stop with due work left in later, and no tick waits for the
+    next maintenance interval to move more."""
+    start = queue.epoch_ms()
+    jobs = [(f"j{i}", start - 1000 + i, 0) for i in range(25)]
+    queue.schedule_many(T, jobs, client=redis_client, now_ms=start - FAR)  # all into later
+    assert redis_client.zcard(slot_keys(T, 0).later) == 25
+    seen = []
+
+    def handler(entries):
+        seen.extend(e.job_id for e in entries)
+        return [OK] * len(entries)
+
+    config = lambda: EngineSettings(topics={T: TopicSettings(slots=1)})  # noqa: E731
+    dispatcher = Dispatcher([Topic(T, handler, slots=1)], config=config, client=redis_client,
+                            maintenance_every_ms=3_600_000)  # fmt: skip
+    dispatcher.promote_limit = 4
+    try:
+        total = dispatcher.run_until_idle()
+    finally:
+        dispatcher.shutdown()
+    assert total.claimed == 25
+    assert sorted(seen) == sorted(job for job, _, _ in jobs)
+    k = slot_keys(T, 0)
+    assert redis_client.zcard(k.later) == redis_client.zcard(k.store) == 0

@@ -32,11 +32,11 @@ def test_a_claim_moves_due_jobs_oldest_first_into_one_prepare_entry(client, k, s
     scripts.enqueue(client, k, [(now - 1, "b"), (now - 3, "a"), (now, "c"), (now + 1, "later")])
     token = lease(T)
     parcel = scripts.claim_parcel(client, k, token=token, now_ms=now, limit=10, visibility_ms=VIS)
-    assert parcel == Parcel(0, 1, 3, "a,b,c", {})
+    assert parcel == Parcel(0, now, 3, "a,b,c", {})  # the first parcel is numbered from now
     assert parcel.job_ids() == ["a", "b", "c"]
     assert space(T).store == {"later": now + 1}
-    assert space(T).prepare == {"#1": (now + VIS) * 1000 + 1}
-    assert space(T).parcels == {"#seq": "1", "#n": "3", "1": "a,b,c"}
+    assert space(T).prepare == {f"#{now}": (now + VIS) * 1000 + 1}
+    assert space(T).parcels == {"#seq": str(now), "#n": "3", str(now): "a,b,c"}
     assert _in_flight(client, now) == 3  # jobs, not prepare entries
     assert scripts.claim_parcel(client, k, token=token, now_ms=now, limit=10,
                                 visibility_ms=VIS) is None  # fmt: skip
@@ -62,7 +62,7 @@ def test_settling_drops_the_parcel_and_retries_only_the_failed(client, k, space,
     assert (result.retried, result.dead, result.missing) == (1, 0, 0)
     assert space(T).store == {"b": now + 1000}  # backoff base, attempt 1
     assert space(T).prepare == {}
-    assert space(T).parcels == {"#seq": "1", "#n": "0"}
+    assert space(T).parcels == {"#seq": str(now), "#n": "0"}
     assert space(T).meta == {"a:b": "1", "e:b": "HTTP 503"}  # the done ones have none
     assert _in_flight(client, now) == 0
 
@@ -95,7 +95,7 @@ def test_an_expired_parcel_is_reaped_whole_and_its_late_settle_does_nothing(
     reaped = queue.reap(T, [0], now_ms=now + VIS + 1, limit=10, max_attempts=2, client=client)
     assert (reaped.retried, reaped.dead) == (2, 0)
     assert space(T).store == {"a": now + VIS + 1, "b": now + VIS + 1}
-    assert space(T).parcels == {"#seq": "1", "#n": "0"} and space(T).prepare == {}
+    assert space(T).parcels == {"#seq": str(now), "#n": "0"} and space(T).prepare == {}
     assert space(T).meta["s:a"] == "1" and space(T).meta["a:a"] == "1"  # suspects, attempt 1
     # The deliverer comes back late: the parcel is gone, so it settles nothing twice.
     late = _settle(client, 0, parcel.parcel_id, [("a", "x")], now=now + VIS + 2)
@@ -108,6 +108,40 @@ def test_an_expired_parcel_is_reaped_whole_and_its_late_settle_does_nothing(
     reaped = queue.reap(T, [0], now_ms=now + 3 * VIS, limit=10, max_attempts=2, client=client)
     assert (reaped.retried, reaped.dead, sorted(reaped.dead_ids)) == (0, 2, ["a", "b"])
     assert set(space(T).dead) == {"a", "b"}
+
+
+def test_a_parcel_id_is_not_given_again_after_redis_lost_its_data(client, k, space, lease, now):
+    """A deliverer may still hold a parcel from before a flush: the parcel numbered after the
+    flush must not carry its id, or the stale settle would settle the new one."""
+    scripts.enqueue(client, k, [(now, "a")])
+    token = lease(T)
+    old = scripts.claim_parcel(client, k, token=token, now_ms=now, limit=10, visibility_ms=VIS)
+    client.delete(k.store, k.prepare, k.parcels, k.meta)  # the data is gone; the lease is not
+    scripts.enqueue(client, k, [(now + 5, "b")])
+    new = scripts.claim_parcel(client, k, token=token, now_ms=now + 5, limit=10,
+                               visibility_ms=VIS)  # fmt: skip
+    assert new.parcel_id != old.parcel_id
+
+    stale = _settle(client, 0, old.parcel_id, [("a", "x")], now=now + 6)
+    assert stale.missing == 1
+    assert _in_flight(client, now) == 1 and space(T).parcels[str(new.parcel_id)] == "b"
+
+
+def test_a_reap_is_bounded_by_jobs_and_takes_a_parcel_whole(client, k, space, lease, now):
+    """The limit counts jobs, not prepare entries: after a Celery outage, a thousand parcels
+    of thousands of ids must not move in one script call (Redis would stall past the lease)."""
+    scripts.enqueue(client, k, [(now - 10 + i, f"j{i}") for i in range(9)])
+    token = lease(T)
+    for _ in range(3):
+        scripts.claim_parcel(client, k, token=token, now_ms=now, limit=3, visibility_ms=VIS)
+    assert len(space(T).prepare) == 3
+
+    first = queue.reap(T, [0], now_ms=now + VIS + 1, limit=4, max_attempts=3, client=client)
+    assert first.retried == 6  # two parcels: the second starts below the limit, goes whole
+    assert len(space(T).prepare) == 1 and _in_flight(client, now) == 3
+    assert set(space(T).store) == {f"j{i}" for i in range(6)}
+    second = queue.reap(T, [0], now_ms=now + VIS + 1, limit=4, max_attempts=3, client=client)
+    assert second.retried == 3 and space(T).prepare == {}
 
 
 def test_a_parcel_handler_that_fails_retries_the_whole_parcel(redis_client):
@@ -148,5 +182,5 @@ def test_in_parcels_lists_the_ids_in_flight_per_slot(client, lease, now):
                                     (now, "2")])  # fmt: skip
         scripts.claim_parcel(client, k, token=lease(T, slot), now_ms=now, limit=2,
                              visibility_ms=VIS)  # fmt: skip
-    # The parcels hashes also hold "#seq" = 1 and "#n" = 2: counters, not ids in flight.
+    # The parcels hashes also hold "#seq" and "#n" = 2: counters, not ids in flight.
     assert queue.in_parcels(T, [0, 1, 2], client=client) == {0: {"x0", "y0"}, 1: {"x1", "y1"}}

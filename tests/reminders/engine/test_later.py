@@ -18,6 +18,17 @@ def _zset(client, key) -> dict[str, int]:
     return {m.decode(): int(s) for m, s in client.zrange(key, 0, -1, withscores=True)}
 
 
+def _recording_dispatcher(client, seen: list, **options) -> Dispatcher:
+    """A one-slot dispatcher of ``T`` whose handler records the ids it is handed."""
+
+    def handler(entries):
+        seen.extend(e.job_id for e in entries)
+        return [OK] * len(entries)
+
+    config = lambda: EngineSettings(topics={T: TopicSettings(slots=1)})  # noqa: E731
+    return Dispatcher([Topic(T, handler, slots=1)], config=config, client=client, **options)
+
+
 def test_jobs_due_after_the_next_minutes_wait_in_later(client, now):
     k = slot_keys(T, 0)
     added = queue.schedule_many(T, [("near", now + SOON, 0), ("far", now + FAR, 0),
@@ -74,14 +85,7 @@ def test_a_worker_promotes_and_claims_a_job_scheduled_long_before(redis_client):
     assert queue.stats(T, [0], now_ms=start, client=redis_client)[0].store == 1
     clock = [start]
     seen = []
-
-    def handler(entries):
-        seen.extend(e.job_id for e in entries)
-        return [OK] * len(entries)
-
-    config = lambda: EngineSettings(topics={T: TopicSettings(slots=1)})  # noqa: E731
-    dispatcher = Dispatcher([Topic(T, handler, slots=1)], config=config, client=redis_client,
-                            clock=lambda: clock[0])  # fmt: skip
+    dispatcher = _recording_dispatcher(redis_client, seen, clock=lambda: clock[0])
     try:
         assert dispatcher.run_once().claimed == 0  # far away: still in later
         assert redis_client.zcard(slot_keys(T, 0).later) == 1
@@ -103,14 +107,7 @@ def test_a_backlog_that_fell_due_in_later_is_promoted_tick_by_tick_until_claimed
     queue.schedule_many(T, jobs, client=redis_client, now_ms=start - FAR)  # all into later
     assert redis_client.zcard(slot_keys(T, 0).later) == 25
     seen = []
-
-    def handler(entries):
-        seen.extend(e.job_id for e in entries)
-        return [OK] * len(entries)
-
-    config = lambda: EngineSettings(topics={T: TopicSettings(slots=1)})  # noqa: E731
-    dispatcher = Dispatcher([Topic(T, handler, slots=1)], config=config, client=redis_client,
-                            maintenance_every_ms=3_600_000)  # fmt: skip
+    dispatcher = _recording_dispatcher(redis_client, seen, maintenance_every_ms=3_600_000)
     dispatcher.promote_limit = 4
     try:
         total = dispatcher.run_until_idle()

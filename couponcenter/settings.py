@@ -359,6 +359,18 @@ WORKER_LEASE_MS = int(os.environ.get("WORKER_LEASE_MS", "5000"))
 # that died idle in a transaction): then it fails and is retried, instead of waiting forever.
 DELIVERY_LOCK_TIMEOUT_MS = int(os.environ.get("DELIVERY_LOCK_TIMEOUT_MS", "10000"))
 WORKER_MIN_SLEEP_MS = float(os.environ.get("WORKER_MIN_SLEEP_MS", "20"))
+# A generic topic's jobs due within this many ms are claimed early and held by their executor,
+# which takes each row and fires at the due moment itself (not at the loop's next tick). A cancel
+# or a reschedule until then still wins. 0: claim only what is due.
+try:
+    TIMEOUT_HOLD_MS = int(os.environ.get("TIMEOUT_HOLD_MS", "200"))
+except ValueError:
+    TIMEOUT_HOLD_MS = -1
+if not 0 <= TIMEOUT_HOLD_MS <= 1000:
+    raise ImproperlyConfigured(
+        f"TIMEOUT_HOLD_MS must be a whole number of ms within 0..1000, "
+        f"got {os.environ.get('TIMEOUT_HOLD_MS')!r}"
+    )
 # The worker re-indexes pending jobs due within this window from the database on this schedule.
 RECONCILE_WINDOW_S = int(os.environ.get("RECONCILE_WINDOW_S", "300"))
 RECONCILE_EVERY_S = int(os.environ.get("RECONCILE_EVERY_S", "60"))

@@ -13,22 +13,35 @@ receiver fills only its own topic's executor: ``room()`` goes to 0 and the dispa
 claiming that topic (its jobs wait in Redis) while every other topic, and the reminders, go on.
 The slot leases are renewed by the loop, which nothing here blocks.
 
+Holding: a threaded worker claims a generic topic's jobs up to ``TIMEOUT_HOLD_MS`` before they
+fall due (the topic's look-ahead) and hands them to the executor as they are, rows untouched. Its
+timer thread waits for each job's due time, then takes the rows (pending to running, the same
+conditional ``UPDATE``) and fires them: the due moment pays for one statement and the call, not
+for the loop's sleep and claim. A cancel or a reschedule that commits before the due time still
+wins (the take refuses the row, and the entry is acked); a job claimed again while held (a
+reschedule to sooner) replaces its older copy, which is then neither fired nor acked.
+
 ``inline=True`` (the ``--once`` drain and the tests) fires and settles in the caller's thread,
-through the same code.
+through the same code, and holds nothing.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import queue as stdlib_queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import close_old_connections
 
 from couponcenter.core.webhooks import guarded_session
+from reminders.engine.scripts import Claimed
 from reminders.models import TimeoutJob
 from reminders.selectors.topics import TimeoutTopicSpec
 
@@ -38,6 +51,7 @@ logger = logging.getLogger(__name__)
 QUEUE_DEPTH = 2
 BATCH_JOBS = 500  # jobs per celery task or callable call
 SETTLE_MAX = 5000  # fired jobs settled per round of the settler
+QUARANTINE_POLL_MS = 20  # how often held jobs that fell due look whether a suspect has settled
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +66,14 @@ class Fired:
 FireBatch = Callable[[TimeoutTopicSpec, list[TimeoutJob], object], dict[int, str | None]]
 # Settles what fired; returns how many were acked, retried and went dead.
 Settle = Callable[[TimeoutTopicSpec, list[Fired]], dict[str, int]]
+# Takes the rows of held entries that fell due: the (job, attempt) pairs to fire; it settles the
+# rest in the engine itself (acked when refused, retried when the database failed).
+Take = Callable[[TimeoutTopicSpec, int, list[Claimed]], list[tuple[TimeoutJob, int]]]
+Clock = Callable[[], int]
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class TopicExecutor:
@@ -64,6 +86,8 @@ class TopicExecutor:
         inline: bool = False,
         quarantine: Quarantine | None = None,
         on_room: Callable[[], None] | None = None,
+        take: Take | None = None,
+        clock: Clock = _wall_ms,
     ) -> None:
         self.spec = spec
         self.on_room = on_room  # called when a full batch fits again (wakes the dispatcher)
@@ -81,6 +105,16 @@ class TopicExecutor:
         self._fired: stdlib_queue.SimpleQueue[Fired | None] = stdlib_queue.SimpleQueue()
         self._pool: ThreadPoolExecutor | None = None
         self._settler: threading.Thread | None = None
+        # Held entries: a heap of (due_ms, seq, slot, entry) and the newest seq of each job id
+        # (an older heap item of the same job was replaced: skipped when it comes up).
+        self._take = take
+        self.clock = clock
+        self._held_cv = threading.Condition()
+        self._heap: list[tuple[int, int, int, Claimed]] = []
+        self._held: dict[str, int] = {}
+        self._seq = itertools.count()
+        self._closing = False
+        self._timer: threading.Thread | None = None
         if not inline:
             self._pool = ThreadPoolExecutor(
                 spec.concurrency, thread_name_prefix=f"fire-{spec.name}"
@@ -89,6 +123,16 @@ class TopicExecutor:
                 target=self._settle_loop, name=f"settle-{spec.name}", daemon=True
             )
             self._settler.start()
+            if take is not None:
+                self._timer = threading.Thread(
+                    target=self._hold_loop, name=f"hold-{spec.name}", daemon=True
+                )
+                self._timer.start()
+
+    @property
+    def holds(self) -> bool:
+        """True when claimed entries may be handed over before they are due (``hold``)."""
+        return self._timer is not None
 
     # --- what the dispatch loop asks ----------------------------------------------------------
 
@@ -117,18 +161,113 @@ class TopicExecutor:
             return
         with self._lock:
             self._in_flight += len(jobs)
+        self._submit_counted(slot, jobs, suspect=suspect)
+
+    def _submit_counted(
+        self, slot: int, jobs: list[tuple[TimeoutJob, int]], *, suspect: bool
+    ) -> None:
+        if not jobs:
+            return
         if self.inline:
             fired = self._run(slot, jobs)
             self._settle_safely(fired)
             return
         assert self._pool is not None
         if suspect:
+            # Its own thread: it waits for what the others have in flight, which may be queued
+            # in this pool behind it.
             self.quarantine.enter()
-            self._pool.submit(self._fire_quarantined, slot, jobs)
+            threading.Thread(target=self._fire_quarantined, args=(slot, jobs),
+                             name=f"suspect-{self.spec.name}", daemon=True).start()  # fmt: skip
             return
         calls = [[pair] for pair in jobs] if self.spec.type == "http" else _chunks(jobs)
         for chunk in calls:
             self._pool.submit(self._fire_to_settler, slot, chunk)
+
+    def hold(self, slot: int, entries: list[Claimed]) -> None:
+        """Take over claimed entries whose rows are still untouched; each is taken and fired at
+        its due time by the timer thread (at once when it is due already)."""
+        if not entries:
+            return
+        replaced = 0
+        with self._held_cv:
+            for entry in entries:
+                seq = next(self._seq)
+                replaced += self._held.get(entry.job_id) is not None
+                self._held[entry.job_id] = seq
+                heapq.heappush(self._heap, (entry.due_ms, seq, slot, entry))
+            self._held_cv.notify()
+        with self._lock:
+            self._in_flight += len(entries) - replaced
+
+    def _firing(self) -> int:
+        """In flight and not held (under ``_lock``; the held count is read without its lock)."""
+        return self._in_flight - len(self._held)
+
+    @property
+    def held(self) -> int:
+        """Entries handed over and not yet due (their rows untouched)."""
+        with self._held_cv:
+            return len(self._held)
+
+    def poke(self) -> None:
+        """Look at the held entries again now (the clock moved on: tests)."""
+        with self._held_cv:
+            self._held_cv.notify()
+
+    def _hold_loop(self) -> None:
+        while True:
+            with self._held_cv:
+                while True:
+                    if not self._heap:
+                        if self._closing:
+                            return
+                        self._held_cv.wait()
+                        continue
+                    wait_ms = self._heap[0][0] - self.clock()
+                    if self.quarantine.active:
+                        # A suspect firing: what is held waits until it settled (it fires alone).
+                        wait_ms = max(wait_ms, QUARANTINE_POLL_MS)
+                    elif wait_ms <= 0:
+                        break
+                    self._held_cv.wait(min(wait_ms / 1000, 1.0))
+                due = self._pop_due(self.clock())
+            for slot, entries in due.items():
+                self._release(slot, entries)
+            close_old_connections()
+
+    def _pop_due(self, now_ms: int) -> dict[int, list[Claimed]]:
+        """The held entries due by ``now_ms`` (replaced copies dropped), by slot; under the lock."""
+        due: dict[int, list[Claimed]] = {}
+        while self._heap and self._heap[0][0] <= now_ms:
+            _, seq, slot, entry = heapq.heappop(self._heap)
+            if self._held.get(entry.job_id) != seq:
+                continue  # a newer claim of the same job replaced it
+            del self._held[entry.job_id]
+            due.setdefault(slot, []).append(entry)
+        return due
+
+    def _release(self, slot: int, entries: list[Claimed]) -> None:
+        assert self._take is not None
+        jobs: list[tuple[TimeoutJob, int]] = []
+        try:
+            jobs = self._take(self.spec, slot, entries)
+        except Exception:  # left in flight: reaped after the visibility timeout, not lost
+            logger.exception("taking %d held jobs of %s failed", len(entries), self.spec.name)
+        self._untake(len(entries) - len(jobs))
+        self._submit_counted(slot, jobs, suspect=False)
+
+    def _untake(self, n: int) -> None:
+        """``n`` entries left this executor without firing (refused, replaced or failed)."""
+        if n <= 0:
+            return
+        with self._lock:
+            was_full = self.capacity - self._in_flight < self.batch_size
+            self._in_flight -= n
+            room_again = was_full and self.capacity - self._in_flight >= self.batch_size
+            self._lock.notify_all()
+        if room_again and self.on_room is not None:
+            self.on_room()
 
     # --- firing ---------------------------------------------------------------------------------
 
@@ -204,8 +343,32 @@ class TopicExecutor:
             return self._lock.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
 
     def close(self, *, wait: bool = True) -> None:
-        """Stop taking work; with ``wait``, finish and settle what was handed on first (what is
-        left unsettled is reaped after its visibility timeout and fired again: not lost)."""
+        """Stop taking work; with ``wait``, fire what is held as it falls due (for as long as
+        the look-ahead, in real time), then finish and settle what was handed on (what is left
+        unsettled, or held, is reaped after its visibility timeout and fired again: not lost)."""
+        if self._timer is not None:
+            dropped = 0
+            with self._held_cv:
+                if not wait:
+                    dropped = len(self._held)
+                    self._heap.clear()
+                    self._held.clear()
+                self._closing = True
+                self._held_cv.notify()
+            self._untake(dropped)
+            self._timer.join(timeout=settings.TIMEOUT_HOLD_MS / 1000 + 1 if wait else 0)
+            if self._timer.is_alive():  # the clock did not reach them: leave them in flight
+                with self._held_cv:
+                    left = len(self._held)
+                    self._heap.clear()
+                    self._held.clear()
+                    self._held_cv.notify()
+                logger.warning(
+                    "%d held jobs of %s left in flight at shutdown (reaped and fired after "
+                    "their visibility timeout)", left, self.spec.name,
+                )  # fmt: skip
+                self._untake(left)
+                self._timer.join(timeout=5)
         if self._pool is not None:
             self._pool.shutdown(wait=wait)
         if self._settler is not None:
@@ -240,21 +403,32 @@ class Quarantine:
             self._count -= 1
 
     def wait_for_others(self, own: TopicExecutor, own_jobs: int, timeout_s: float = 60) -> None:
+        """Until what the executors have in flight has settled, but for the suspect's own jobs
+        and what they hold (held jobs wait for the suspect: see ``_hold_loop``)."""
         for executor in list(self.executors):
-            if executor is own:
-                with own._lock:
-                    own._lock.wait_for(lambda: own._in_flight <= own_jobs, timeout=timeout_s)
-            else:
-                executor.wait_idle(timeout_s)
+            mine = own_jobs if executor is own else 0
+            with executor._lock:
+                executor._lock.wait_for(lambda e=executor, n=mine: e._firing() <= n,
+                                        timeout=timeout_s)  # fmt: skip
 
 
 class TopicExecutors:
     """The executors of one worker process, one per generic topic, rebuilt when its spec
     changes (the old one finishes and settles what it holds, in the background)."""
 
-    def __init__(self, *, fire: FireBatch, settle: Settle, inline: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        fire: FireBatch,
+        settle: Settle,
+        inline: bool = False,
+        take: Take | None = None,
+        clock: Clock = _wall_ms,
+    ) -> None:
         self._fire = fire
         self._settle = settle
+        self._take = take  # None: nothing is held (every entry is taken when claimed)
+        self.clock = clock
         self.inline = inline
         self.on_room: Callable[[], None] | None = None  # set by the worker: Dispatcher.wake
         self.quarantine = Quarantine()
@@ -274,6 +448,7 @@ class TopicExecutors:
             self._by_topic[name] = TopicExecutor(
                 spec, fire=self._fire, settle=self._settle, inline=self.inline,
                 quarantine=self.quarantine, on_room=lambda: self.on_room and self.on_room(),
+                take=self._take, clock=self.clock,
             )  # fmt: skip
         self.quarantine.executors = list(self._by_topic.values())
 
@@ -287,6 +462,10 @@ class TopicExecutors:
 
     def get(self, topic: str) -> TopicExecutor | None:
         return self._by_topic.get(topic)
+
+    def poke(self) -> None:
+        for executor in list(self._by_topic.values()):
+            executor.poke()
 
     def load(self) -> dict[str, list[int]]:
         """Per topic: [jobs in flight, capacity]."""

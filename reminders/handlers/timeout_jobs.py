@@ -63,6 +63,13 @@ def timeout_jobs_handle(
     executor = executors.get(topic)
     if executor is None:  # the topic is gone: nothing can fire its jobs
         return results
+    # Taken and fired by the executor at each job's due time; a suspect (it comes alone, due
+    # now) is taken here, so its quarantine begins before the loop claims again.
+    if executor.holds and not any(e.suspect for e in entries):
+        held = [e for e in entries if e.job_id.isdigit()]
+        executor.hold(slot, held)
+        results.update(dict.fromkeys((e.job_id for e in held), HANDED_ON))
+        return results
     due = {int(e.job_id): e for e in entries if e.job_id.isdigit()}
     jobs = _take(due)
     for job in jobs:
@@ -73,6 +80,34 @@ def timeout_jobs_handle(
         suspect=any(due[job.pk].suspect for job in jobs),
     )
     return results
+
+
+def timeout_jobs_take(
+    spec: TimeoutTopicSpec, slot: int, entries: list[Claimed]
+) -> list[tuple[TimeoutJob, int]]:
+    """An executor's held entries fell due: take their rows (``_take``) and return the jobs to
+    fire with their attempts. The entries whose rows were refused (cancelled, fired, or moved
+    to a later time) are acked; when the database fails, every entry is retried with backoff
+    (or left in flight for the reaper when Redis fails too)."""
+    due = {int(e.job_id): e for e in entries}
+    try:
+        jobs = _take(due)
+    except Exception as exc:
+        logger.exception("taking %d due jobs of %s failed", len(entries), spec.name)
+        error = f"{exc.__class__.__name__}: {exc}"[:500]
+        queue.nack_handed(spec.name, slot, [(e.job_id, error) for e in entries],
+                          now_ms=queue_epoch_ms(timezone.now()), max_attempts=spec.max_attempts,
+                          backoff_base_ms=spec.backoff_base_ms,
+                          backoff_cap_ms=spec.backoff_cap_ms)  # fmt: skip
+        return []
+    taken = {job.pk for job in jobs}
+    refused = [e.job_id for e in entries if int(e.job_id) not in taken]
+    if refused:
+        try:
+            queue.ack_handed_many(spec.name, {slot: refused})
+        except Exception:  # left in flight: the reaper brings them back, and they are refused
+            logger.exception("acking %d refused jobs of %s failed", len(refused), spec.name)
+    return [(job, due[job.pk].attempt) for job in jobs]
 
 
 def _take(due: dict[int, Claimed]) -> list[TimeoutJob]:

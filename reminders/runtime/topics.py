@@ -20,12 +20,13 @@ from reminders.engine import topics as engine_topics
 from reminders.engine.dispatcher import wall_ms
 from reminders.engine.topics import EngineSettings, Topic, TopicSettings
 from reminders.handlers.coupon_reminders import reminder_topics
-from reminders.handlers.executors import TopicExecutors
+from reminders.handlers.executors import Clock, TopicExecutors
 from reminders.handlers.timeout_jobs import (
     fire_jobs,
     settle_fired,
     timeout_jobs_dead,
     timeout_jobs_handle,
+    timeout_jobs_take,
 )
 from reminders.members import REMINDER_TOPICS
 from reminders.selectors import reminder_settings_get
@@ -37,9 +38,16 @@ logger = logging.getLogger(__name__)
 class GenericTopics:
     """Keeps the engine's registry and this process's executors in step with the specs."""
 
-    def __init__(self, *, inline: bool, names: set[str] | None = None) -> None:
+    def __init__(
+        self, *, inline: bool, names: set[str] | None = None, clock: Clock | None = None
+    ) -> None:
         self.names = names
-        self.executors = TopicExecutors(fire=fire_jobs, settle=settle_fired, inline=inline)
+        self.inline = inline
+        self.executors = TopicExecutors(
+            fire=fire_jobs, settle=settle_fired, inline=inline,
+            take=None if inline or not settings.TIMEOUT_HOLD_MS else timeout_jobs_take,
+            **({"clock": clock} if clock is not None else {}),
+        )  # fmt: skip
         self._specs: dict[str, TimeoutTopicSpec] = {}
         self._topics: dict[str, Topic] = {}
 
@@ -83,9 +91,18 @@ class GenericTopics:
 
     def settings(self) -> dict[str, TopicSettings]:
         return {
-            name: replace(topic.defaults(), paused=self._specs[name].paused)
+            name: replace(topic.defaults(), paused=self._specs[name].paused,
+                          lookahead_ms=self._lookahead_ms(self._specs[name]))
             for name, topic in self._topics.items()
-        }
+        }  # fmt: skip
+
+    def _lookahead_ms(self, spec: TimeoutTopicSpec) -> int:
+        """How early the topic's jobs are claimed and held (``TIMEOUT_HOLD_MS``): never more
+        than a tenth of the visibility timeout, so holding cannot let an entry expire."""
+        executor = self.executors.get(spec.name)
+        if executor is None or not executor.holds:
+            return 0
+        return min(settings.TIMEOUT_HOLD_MS, spec.visibility_ms // 10)
 
     def spec(self, topic: str) -> TimeoutTopicSpec | None:
         return self._specs.get(topic)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from functools import partial
@@ -182,16 +183,23 @@ def _warm_celery() -> None:
     amqp.send_task_message  # noqa: B018
 
 
-def build_worker(topic_names: list[str] | None = None, *, threaded: bool = False) -> Dispatcher:
+def build_worker(
+    topic_names: list[str] | None = None,
+    *,
+    threaded: bool = False,
+    clock: Callable[[], int] | None = None,
+) -> Dispatcher:
     """The dispatch loop of this process. ``threaded``: generic topics fire in their executors'
-    threads (``run_reminder_worker``); otherwise inline, in the loop's thread (``--once``, the
-    tests): the same firing and settling code, finished when the tick returns."""
+    threads (``run_reminder_worker``), their jobs held from ``TIMEOUT_HOLD_MS`` before they are
+    due; otherwise inline, in the loop's thread (``--once``, the tests): the same firing and
+    settling code, finished when the tick returns. ``clock``: epoch ms for the loop and the
+    executors' holding (the tests move it on)."""
     # Import the apps' Celery tasks as a Celery worker does: a ``celery`` topic then calls its
     # task by signature, which honours task_always_eager (a task known by name only never does).
     current_app.autodiscover_tasks(force=True)
     _warm_celery()
     names = set(topic_names) if topic_names else None
-    generic = GenericTopics(inline=not threaded, names=names)
+    generic = GenericTopics(inline=not threaded, names=names, clock=clock)
     builtin = builtin_topics(names)
     known = {t.name for t in generic.refresh() + builtin}
     if names and names - known:
@@ -216,6 +224,7 @@ def build_worker(topic_names: list[str] | None = None, *, threaded: bool = False
         # Under a steady stream of due reminders, one claim (and one Celery task) per 20 ms
         # instead of per 5: a quarter of the tasks for at most 15 ms more lateness.
         min_sleep_ms=settings.WORKER_MIN_SLEEP_MS,
+        **({"clock": clock} if clock is not None else {}),
     )
     generic.executors.on_room = dispatcher.wake  # a full executor with room again
     return dispatcher

@@ -1,0 +1,237 @@
+"""Held jobs: a threaded worker claims a generic topic's jobs up to ``TIMEOUT_HOLD_MS`` before they
+fall due and its executor takes and fires each one at its due time (not at the loop's next tick).
+A cancel or a reschedule that commits before the due time still wins, and a worker stopped while
+holding loses nothing.
+
+The worker runs for real (threads, PostgreSQL, Redis, a local HTTP receiver); only its clock is
+the test's, frozen and moved on by hand, so nothing here depends on how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from reminders.engine import queue
+from reminders.engine import topics as engine_topics
+from reminders.engine.dispatcher import Dispatcher
+from reminders.models import TimeoutJob
+from reminders.runtime.worker import build_worker
+from reminders.services import timeout_job_cancel, timeout_job_create, timeout_job_reschedule
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOPIC = "hold.http"
+SECRET = "test-webhook-secret-of-thirty-two-bytes"
+VISIBILITY_MS = 60_000
+WAIT_S = 60
+
+
+class Receiver:
+    """A real HTTP receiver that records the idempotency key of each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                hook.calls.append(self.headers["Idempotency-Key"])
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    hook = Receiver()
+    thread = threading.Thread(target=hook.server.serve_forever, daemon=True)
+    thread.start()
+    yield hook
+    hook.server.shutdown()
+    hook.server.server_close()
+
+
+class Clock:
+    """Epoch ms, frozen until the test moves it."""
+
+    def __init__(self) -> None:
+        self.now_ms = time.time_ns() // 1_000_000
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def topic(settings, receiver):
+    settings.WEBHOOK_ALLOW_HTTP = True
+    settings.TIMEOUT_HOLD_MS = 1000
+    settings.TIMEOUT_TOPICS = {
+        TOPIC: {"type": "http", "url": receiver.url, "secret": SECRET, "slots": 1,
+                "visibility_ms": VISIBILITY_MS, "concurrency": 2},
+    }  # fmt: skip
+    yield TOPIC
+    engine_topics.unregister_topic(TOPIC)
+
+
+@pytest.fixture
+def worker(topic, clock) -> Iterator[Dispatcher]:
+    dispatcher = build_worker([topic], threaded=True, clock=clock)
+    yield dispatcher
+    dispatcher.shutdown()
+
+
+def job_due(clock: Clock, in_ms: int) -> TimeoutJob:
+    at = datetime.fromtimestamp((clock.now_ms + in_ms) / 1000, tz=UTC)
+    return timeout_job_create(topic=TOPIC, action_time=at, biz_type="order", biz_id="B-1")
+
+
+def wait_for(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def status(job: TimeoutJob) -> int:
+    job.refresh_from_db()
+    return job.status
+
+
+def in_redis(job: TimeoutJob) -> dict[str, int]:
+    s = queue.stats(job.topic, [job.slot], now_ms=0)[0]
+    return {k: v for k, v in (("store", s.store), ("prepare", s.prepare), ("dead", s.dead)) if v}
+
+
+def in_flight(worker: Dispatcher) -> int:
+    return worker.load()[TOPIC][0]
+
+
+def test_a_job_due_within_the_hold_is_claimed_early_and_fired_at_its_due_time(
+    worker, clock, receiver
+):
+    job = job_due(clock, 500)
+    report = worker.run_once()
+    # Claimed half a second early, its row untouched: what the loop's tick did is only the claim.
+    assert report.claimed == 1
+    assert in_redis(job) == {"prepare": 1}
+    assert status(job) == TimeoutJob.Status.PENDING
+    assert receiver.calls == []
+    assert in_flight(worker) == 1
+
+    clock.now_ms += 500  # due now: the executor fires it without another tick of the loop
+    wait_for(lambda: status(job) == TimeoutJob.Status.PROCESSED, "the held job to fire")
+    wait_for(lambda: in_redis(job) == {}, "the fired job to be acked")
+    assert receiver.calls == [f"{TOPIC}:{job.pk}"]
+    assert job.attempts == 1
+    wait_for(lambda: in_flight(worker) == 0, "nothing in flight")
+
+
+def test_a_cancel_before_the_due_time_wins_over_the_hold(worker, clock, receiver):
+    job = job_due(clock, 500)
+    assert worker.run_once().claimed == 1
+    timeout_job_cancel(job=job)  # commits while the job is held
+    assert status(job) == TimeoutJob.Status.CANCELLED
+
+    clock.now_ms += 600
+    wait_for(lambda: in_flight(worker) == 0, "the held job to be let go")
+    assert receiver.calls == []
+    assert status(job) == TimeoutJob.Status.CANCELLED
+    assert in_redis(job) == {}
+
+
+def test_a_reschedule_to_later_while_held_fires_only_at_the_new_time(worker, clock, receiver):
+    job = job_due(clock, 500)
+    assert worker.run_once().claimed == 1
+    new_time = datetime.fromtimestamp((clock.now_ms + 5_000) / 1000, tz=UTC)
+    timeout_job_reschedule(job=job, action_time=new_time)
+
+    clock.now_ms += 600  # the old due time: the take finds the row moved and lets the entry go
+    wait_for(lambda: in_flight(worker) == 0, "the held copy to be let go")
+    assert receiver.calls == []
+    assert status(job) == TimeoutJob.Status.PENDING
+    assert in_redis(job) == {"store": 1}
+
+    clock.now_ms += 4_400  # the new due time
+    assert worker.run_once().claimed == 1
+    wait_for(lambda: status(job) == TimeoutJob.Status.PROCESSED, "the job to fire")
+    wait_for(lambda: in_flight(worker) == 0, "nothing in flight")
+    assert receiver.calls == [f"{TOPIC}:{job.pk}"]
+    assert in_redis(job) == {}
+
+
+def test_a_reschedule_to_sooner_while_held_replaces_the_held_copy(worker, clock, receiver):
+    job = job_due(clock, 800)
+    assert worker.run_once().claimed == 1
+    sooner = datetime.fromtimestamp((clock.now_ms + 300) / 1000, tz=UTC)
+    timeout_job_reschedule(job=job, action_time=sooner)
+    assert worker.run_once().claimed == 1  # claimed again at the new time, still ahead
+
+    clock.now_ms += 300
+    wait_for(lambda: status(job) == TimeoutJob.Status.PROCESSED, "the job to fire")
+    # The older copy was replaced, not left waiting to be taken again: nothing is held.
+    wait_for(lambda: in_flight(worker) == 0, "nothing in flight")
+    clock.now_ms += 500  # past the old due time: nothing more fires
+    worker.run_once()
+    assert receiver.calls == [f"{TOPIC}:{job.pk}"]
+    assert in_redis(job) == {}
+
+
+def test_a_worker_stopped_while_holding_leaves_the_job_to_the_reaper(
+    topic, clock, receiver, settings
+):
+    settings.TIMEOUT_HOLD_MS = 200  # how long the stop waits for held jobs, in real time
+    job = job_due(clock, 100)
+    worker = build_worker([topic], threaded=True, clock=clock)
+    try:
+        assert worker.run_once().claimed == 1
+    finally:
+        worker.shutdown()  # the clock never reaches the due time: the job stays in flight
+    assert receiver.calls == []
+    assert status(job) == TimeoutJob.Status.PENDING
+    assert in_redis(job) == {"prepare": 1}
+
+    # Past its visibility timeout the reaper brings it back, and the next worker fires it.
+    clock.now_ms += VISIBILITY_MS + 1_000
+    drain = build_worker([topic], clock=clock)
+    try:
+        drain.run_until_idle()
+    finally:
+        drain.shutdown()
+    assert status(job) == TimeoutJob.Status.PROCESSED
+    assert receiver.calls == [f"{TOPIC}:{job.pk}"]
+    assert in_redis(job) == {}
+
+
+def test_the_hold_is_configured_by_a_whole_number_within_bounds(settings):
+    """A bad ``TIMEOUT_HOLD_MS`` stops the settings from loading, with a clear message."""
+    for bad in ("-1", "1001", "soon"):
+        env = {**os.environ, "TIMEOUT_HOLD_MS": bad}
+        done = subprocess.run(
+            [sys.executable, "-c", "import django; django.setup()"],
+            env={**env, "DJANGO_SETTINGS_MODULE": "couponcenter.settings"},
+            cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode != 0
+        assert "TIMEOUT_HOLD_MS must be a whole number of ms within 0..1000" in done.stderr

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from couponcenter.models import Coupon, UserCoupon
 from expiry import services
+from expiry.bench import sweep
 from expiry.bench.sweep import BENCH_COUPON_NAME
 from expiry.models import ExpiryTask
 from tests.support.factories import ExpiryTaskFactory, UserCouponFactory
@@ -63,6 +64,37 @@ def test_bench_refuses_to_run_with_debug_off(settings):
 def test_bench_rejects_bad_numbers():
     with pytest.raises(CommandError, match="at least 1"):
         call_command("bench_expiry", "--count=10", "--workers=0", "--force")
+
+
+@pytest.mark.django_db
+def test_bench_rejects_bad_rounds():
+    with pytest.raises(CommandError, match=r"--rounds must be within 1\.\.10, got 0"):
+        call_command("bench_expiry", "--count=10", "--rounds=0", "--force")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bench_in_rounds_takes_turns_and_reports_each_round():
+    out = StringIO()
+    call_command(
+        "bench_expiry", "--count=200", "--workers=2", "--batch-size=40", "--rounds=2", "--json",
+        "--force", stdout=out,
+    )  # fmt: skip
+    report = json.loads(out.getvalue())
+    assert report["rounds"] == 2
+    assert len(report["seconds_each"]) == 2 and len(report["raw_sql_seconds_each"]) == 2
+    # Each side's time is the mean of its rounds (rounded to the millisecond).
+    assert report["seconds"] == pytest.approx(sum(report["seconds_each"]) / 2, abs=0.002)
+    assert report["raw_sql_seconds"] == pytest.approx(
+        sum(report["raw_sql_seconds_each"]) / 2, abs=0.002
+    )
+    assert not Coupon.objects.filter(name=BENCH_COUPON_NAME).exists()
+    assert UserCoupon.objects.count() == 0 and ExpiryTask.objects.count() == 0
+
+
+def test_rounds_take_turns_so_each_side_goes_first_as_often():
+    assert sweep._phases(1) == ["ours", "raw"]
+    assert sweep._phases(2) == ["ours", "raw", "raw", "ours"]
+    assert sweep._phases(3) == ["ours", "raw", "raw", "ours", "ours", "raw"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -24,18 +24,31 @@ class Command(BaseCommand):
             default=DEFAULT_BATCH_SIZE,
             help=f"rows per batch (default {DEFAULT_BATCH_SIZE}: the sweeper's own default)",
         )
+        parser.add_argument(
+            "--rounds",
+            type=int,
+            default=1,
+            help="times each side runs, taking turns (ours, bare, bare, ours, ...); each side's "
+            "time is the mean of its rounds",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         parser.add_argument("--force", action="store_true", help="run even with DEBUG off")
 
-    def handle(self, *args, count, workers, batch_size, **options):
+    def handle(self, *args, count, workers, batch_size, rounds, **options):
         if count < 1 or workers < 1 or batch_size < 1:
             raise CommandError("--count, --workers and --batch-size must be at least 1.")
+        if not 1 <= rounds <= 10:
+            raise CommandError(f"--rounds must be within 1..10, got {rounds}.")
         if not settings.DEBUG and not options["force"]:
             raise CommandError(
                 "DEBUG is off: this may be production. Pass --force to bench anyway."
             )
         report = run_bench(
-            count=count, workers=workers, batch_size=batch_size, progress=not options["json"]
+            count=count,
+            workers=workers,
+            batch_size=batch_size,
+            progress=not options["json"],
+            rounds=rounds,
         ).as_dict()
         if options["json"]:
             self.stdout.write(_json_dumps(report))

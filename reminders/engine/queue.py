@@ -319,6 +319,18 @@ def ack_handed_many(
     return sum(int(n) for n in scripts.run_calls(connection.client(client), calls)) if calls else 0
 
 
+def unclaim(
+    topic: str, slot: int, entries: Sequence[Claimed], *, client: Client | None = None
+) -> int:
+    """Give claimed entries back to store at their due time, their attempt not spent (a worker
+    stopping with entries it held ahead of their due time); returns how many went back."""
+    if not entries:
+        return 0
+    k = slot_keys(topic, slot)
+    args = [x for e in entries for x in (e.job_id, e.due_ms, e.attempt)]
+    return int(scripts.UNCLAIM(connection.client(client), (k.prepare, k.store), args))
+
+
 def nack_handed(
     topic: str,
     slot: int,

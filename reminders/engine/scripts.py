@@ -129,9 +129,10 @@ LEASE_RELEASE = LuaScript("lease_release")
 SINGLETON_HOLD = LuaScript("singleton_hold")
 WORKERS_PRUNE = LuaScript("workers_prune")
 RATE_TAKE = LuaScript("rate_take")
+UNCLAIM = LuaScript("unclaim")
 ALL = (ENQUEUE, CANCEL, CLAIM_DUE, CLAIM_PARCEL, SETTLE_PARCEL, PROMOTE, ACK, NACK, REAP,
        REQUEUE_DEAD, PURGE_DEAD, LEASE_ACQUIRE, LEASE_RENEW, LEASE_RELEASE, SINGLETON_HOLD,
-       WORKERS_PRUNE, RATE_TAKE)  # fmt: skip
+       WORKERS_PRUNE, RATE_TAKE, UNCLAIM)  # fmt: skip
 
 
 def load_all(client: Client) -> None:

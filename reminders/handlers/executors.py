@@ -19,7 +19,9 @@ timer thread waits for each job's due time, then takes the rows (pending to runn
 conditional ``UPDATE``) and fires them: the due moment pays for one statement and the call, not
 for the loop's sleep and claim. A cancel or a reschedule that commits before the due time still
 wins (the take refuses the row, and the entry is acked); a job claimed again while held (a
-reschedule to sooner) replaces its older copy, which is then neither fired nor acked.
+reschedule to sooner) replaces its older copy, which is then neither fired nor acked. While a
+suspect fires (``Quarantine``), held jobs that fell due wait for it, at most ``hold_ms`` more. What
+is still held when the executor closes goes back to store, due as it was (``queue.unclaim``).
 
 ``inline=True`` (the ``--once`` drain and the tests) fires and settles in the caller's thread,
 through the same code, and holds nothing.
@@ -41,6 +43,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from couponcenter.core.webhooks import guarded_session
+from reminders.engine import queue
 from reminders.engine.scripts import Claimed
 from reminders.models import TimeoutJob
 from reminders.selectors.topics import TimeoutTopicSpec
@@ -109,6 +112,9 @@ class TopicExecutor:
         # (an older heap item of the same job was replaced: skipped when it comes up).
         self._take = take
         self.clock = clock
+        # How early jobs are claimed: at most a tenth of the visibility timeout, so an entry
+        # held its whole time, and then as long again behind a suspect, is far from expiring.
+        self.hold_ms = min(settings.TIMEOUT_HOLD_MS, spec.visibility_ms // 10)
         self._held_cv = threading.Condition()
         self._heap: list[tuple[int, int, int, Claimed]] = []
         self._held: dict[str, int] = {}
@@ -132,7 +138,7 @@ class TopicExecutor:
     @property
     def holds(self) -> bool:
         """True when claimed entries may be handed over before they are due (``hold``)."""
-        return self._timer is not None
+        return self._timer is not None and self._timer.is_alive() and not self._closing
 
     # --- what the dispatch loop asks ----------------------------------------------------------
 
@@ -225,16 +231,31 @@ class TopicExecutor:
                         self._held_cv.wait()
                         continue
                     wait_ms = self._heap[0][0] - self.clock()
-                    if self.quarantine.active:
-                        # A suspect firing: what is held waits until it settled (it fires alone).
+                    if self.quarantine.active and wait_ms > -self.hold_ms:
+                        # A suspect firing: what is held waits until it settled (it fires
+                        # alone), but no longer than the hold past its due time.
                         wait_ms = max(wait_ms, QUARANTINE_POLL_MS)
                     elif wait_ms <= 0:
                         break
                     self._held_cv.wait(min(wait_ms / 1000, 1.0))
                 due = self._pop_due(self.clock())
             for slot, entries in due.items():
-                self._release(slot, entries)
+                try:
+                    self._release(slot, entries)
+                except Exception:  # the timer must live on: give them back, due as they were
+                    logger.exception("firing %d held jobs of %s failed", len(entries),
+                                     self.spec.name)  # fmt: skip
+                    self._give_back(slot, entries)
             close_old_connections()
+
+    def _give_back(self, slot: int, entries: list[Claimed]) -> None:
+        """Held entries this executor will not fire go back to store, due as they were, their
+        attempt not spent (left in flight, for the reaper, when Redis fails too)."""
+        try:
+            queue.unclaim(self.spec.name, slot, entries)
+        except Exception:
+            logger.exception("giving back %d held jobs of %s failed (the reaper brings them "
+                             "back)", len(entries), self.spec.name)  # fmt: skip
 
     def _pop_due(self, now_ms: int) -> dict[int, list[Claimed]]:
         """The held entries due by ``now_ms`` (replaced copies dropped), by slot; under the lock."""
@@ -255,7 +276,13 @@ class TopicExecutor:
         except Exception:  # left in flight: reaped after the visibility timeout, not lost
             logger.exception("taking %d held jobs of %s failed", len(entries), self.spec.name)
         self._untake(len(entries) - len(jobs))
-        self._submit_counted(slot, jobs, suspect=False)
+        try:
+            self._submit_counted(slot, jobs, suspect=False)
+        except RuntimeError:  # the pool was shut down under us (a close that gave up waiting)
+            logger.warning("%d taken jobs of %s not fired: the executor closed (reaped and "
+                           "fired again after their visibility timeout)", len(jobs),
+                           self.spec.name)  # fmt: skip
+            self._untake(len(jobs))
 
     def _untake(self, n: int) -> None:
         """``n`` entries left this executor without firing (refused, replaced or failed)."""
@@ -347,27 +374,27 @@ class TopicExecutor:
         the look-ahead, in real time), then finish and settle what was handed on (what is left
         unsettled, or held, is reaped after its visibility timeout and fired again: not lost)."""
         if self._timer is not None:
-            dropped = 0
+            dropped: dict[int, list[Claimed]] = {}
             with self._held_cv:
                 if not wait:
-                    dropped = len(self._held)
+                    dropped = self._pop_due(float("inf"))
                     self._heap.clear()
-                    self._held.clear()
                 self._closing = True
                 self._held_cv.notify()
-            self._untake(dropped)
+            for slot, entries in dropped.items():
+                self._give_back(slot, entries)
+                self._untake(len(entries))
             self._timer.join(timeout=settings.TIMEOUT_HOLD_MS / 1000 + 1 if wait else 0)
-            if self._timer.is_alive():  # the clock did not reach them: leave them in flight
+            if self._timer.is_alive():  # the clock did not reach them: give them back
                 with self._held_cv:
-                    left = len(self._held)
+                    left = self._pop_due(float("inf"))
                     self._heap.clear()
-                    self._held.clear()
                     self._held_cv.notify()
-                logger.warning(
-                    "%d held jobs of %s left in flight at shutdown (reaped and fired after "
-                    "their visibility timeout)", left, self.spec.name,
-                )  # fmt: skip
-                self._untake(left)
+                for slot, entries in left.items():
+                    logger.warning("%d held jobs of %s given back at shutdown, due as they were",
+                                   len(entries), self.spec.name)  # fmt: skip
+                    self._give_back(slot, entries)
+                    self._untake(len(entries))
                 self._timer.join(timeout=5)
         if self._pool is not None:
             self._pool.shutdown(wait=wait)

@@ -102,7 +102,7 @@ class GenericTopics:
         executor = self.executors.get(spec.name)
         if executor is None or not executor.holds:
             return 0
-        return min(settings.TIMEOUT_HOLD_MS, spec.visibility_ms // 10)
+        return executor.hold_ms
 
     def spec(self, topic: str) -> TimeoutTopicSpec | None:
         return self._specs.get(topic)

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from reminders.engine import queue
+from reminders.engine import keys, queue
 from reminders.engine import topics as engine_topics
 from reminders.engine.dispatcher import Dispatcher
 from reminders.models import TimeoutJob
@@ -198,7 +198,7 @@ def test_a_reschedule_to_sooner_while_held_replaces_the_held_copy(worker, clock,
     assert in_redis(job) == {}
 
 
-def test_a_worker_stopped_while_holding_leaves_the_job_to_the_reaper(
+def test_a_worker_stopped_while_holding_gives_the_job_back_due_as_it_was(
     topic, clock, receiver, settings
 ):
     settings.TIMEOUT_HOLD_MS = 200  # how long the stop waits for held jobs, in real time
@@ -206,22 +206,78 @@ def test_a_worker_stopped_while_holding_leaves_the_job_to_the_reaper(
     worker = build_worker([topic], threaded=True, clock=clock)
     try:
         assert worker.run_once().claimed == 1
+        assert in_redis(job) == {"prepare": 1}
     finally:
-        worker.shutdown()  # the clock never reaches the due time: the job stays in flight
+        worker.shutdown()  # the clock never reaches the due time: the job goes back to store
     assert receiver.calls == []
     assert status(job) == TimeoutJob.Status.PENDING
-    assert in_redis(job) == {"prepare": 1}
+    assert in_redis(job) == {"store": 1}
+    assert queue.earliest_due(TOPIC, [job.slot]) == clock.now_ms + 100  # due as it was
 
-    # Past its visibility timeout the reaper brings it back, and the next worker fires it.
-    clock.now_ms += VISIBILITY_MS + 1_000
+    clock.now_ms += 100  # the next worker fires it on time, its first attempt, not a suspect
     drain = build_worker([topic], clock=clock)
     try:
-        drain.run_until_idle()
+        assert drain.run_until_idle().claimed == 1
     finally:
         drain.shutdown()
     assert status(job) == TimeoutJob.Status.PROCESSED
+    assert job.attempts == 1
     assert receiver.calls == [f"{TOPIC}:{job.pk}"]
     assert in_redis(job) == {}
+
+
+SUSPECT_RELEASE = threading.Event()
+SUSPECT_FIRING = threading.Event()
+
+
+def blocking_action(jobs: list[TimeoutJob]) -> None:
+    """A ``callable`` action: a suspect's call blocks until the test lets it go."""
+    if any(job.biz_id == "suspect" for job in jobs):
+        SUSPECT_FIRING.set()
+        assert SUSPECT_RELEASE.wait(WAIT_S)
+    CALLED.extend(job.biz_id for job in jobs)
+
+
+CALLED: list[str] = []
+
+
+def test_held_jobs_wait_for_a_firing_suspect_no_longer_than_the_hold(settings, clock, redis_client):
+    """A suspect (a job whose worker died firing it) fires alone; what is held when it comes
+    waits for it, but at most the hold past its due time: the hold is a tenth of the visibility
+    timeout, so a held job is never reaped and fired twice behind a long suspect."""
+    name = "hold.call"
+    settings.TIMEOUT_HOLD_MS = 1000
+    settings.TIMEOUT_TOPICS = {
+        name: {"type": "callable", "path": f"{__name__}.blocking_action", "slots": 1,
+               "visibility_ms": VISIBILITY_MS, "concurrency": 2},
+    }  # fmt: skip
+    CALLED.clear()
+    SUSPECT_RELEASE.clear()
+    SUSPECT_FIRING.clear()
+    at = lambda ms: datetime.fromtimestamp((clock.now_ms + ms) / 1000, tz=UTC)  # noqa: E731
+    held = timeout_job_create(topic=name, action_time=at(500), biz_type="t", biz_id="held")
+    worker = build_worker([name], threaded=True, clock=clock)
+    try:
+        assert worker.run_once().claimed == 1  # held, due in 500 ms
+        suspect = timeout_job_create(topic=name, action_time=at(0), biz_type="t",
+                                     biz_id="suspect")  # fmt: skip
+        # As the reaper leaves a job whose worker never answered: marked a suspect.
+        redis_client.hset(keys.slot_keys(name, suspect.slot).meta, f"s:{suspect.pk}", 1)
+        assert worker.run_once().claimed == 1  # the suspect, alone: it fires in quarantine
+        assert SUSPECT_FIRING.wait(WAIT_S)
+
+        clock.now_ms += 500  # the held job is due, and waits for the suspect
+        assert status(held) == TimeoutJob.Status.PENDING
+        clock.now_ms += 1000  # the hold past its due time: it fires, the suspect still firing
+        wait_for(lambda: status(held) == TimeoutJob.Status.PROCESSED, "the held job to fire")
+        assert CALLED == ["held"]
+    finally:
+        SUSPECT_RELEASE.set()
+        worker.shutdown()
+        engine_topics.unregister_topic(name)
+    assert status(suspect) == TimeoutJob.Status.PROCESSED
+    assert CALLED == ["held", "suspect"]
+    assert in_redis(held) == {} and in_redis(suspect) == {}
 
 
 def test_the_hold_is_configured_by_a_whole_number_within_bounds(settings):

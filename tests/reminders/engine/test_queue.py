@@ -128,3 +128,35 @@ def test_topics_validate_and_register():
     assert get_topic("test.topic") is topic
     with pytest.raises(KeyError, match="unknown topic"):
         get_topic("nope")
+
+
+def test_unclaim_gives_back_only_the_claim_it_names_due_as_it_was(client, lease, now, space):
+    queue.schedule_many(T, [("a", now + 50, 0), ("b", now + 60, 0), ("c", now + 70, 0)],
+                        client=client)  # fmt: skip
+    token = lease(T)
+    got = queue.claim(T, 0, now_ms=now + 100, limit=3, visibility_ms=1000, lease_token=token,
+                      client=client)  # fmt: skip
+    a, b, c = got
+    assert (a.due_ms, a.attempt) == (now + 50, 1)
+    queue.ack(T, 0, ["b"], lease_token=token, client=client)  # b fired and was acked since
+    queue.schedule(T, "c", now + 500, slot=0, client=client)  # c was rescheduled since
+    assert queue.unclaim(T, 0, [a, b, c, a._replace(job_id="nope")], client=client) == 2
+    # a is back as it was, not a suspect and no attempt spent; c keeps its new time.
+    assert space(T).store == {"a": now + 50, "c": now + 500}
+    assert space(T).prepare == {}
+    again = queue.claim(T, 0, now_ms=now + 100, limit=3, visibility_ms=1000, lease_token=token,
+                        client=client)  # fmt: skip
+    assert again == [a]
+
+
+def test_unclaim_leaves_a_job_claimed_again_on_another_attempt(client, lease, now, space):
+    queue.schedule(T, "a", now, slot=0, client=client)
+    token = lease(T)
+    (first,) = queue.claim(T, 0, now_ms=now, limit=1, visibility_ms=10, lease_token=token,
+                           client=client)  # fmt: skip
+    queue.reap(T, [0], now_ms=now + 20, limit=10, max_attempts=5, client=client)
+    (second,) = queue.claim(T, 0, now_ms=now + 20, limit=1, visibility_ms=1000,
+                            lease_token=token, client=client)  # fmt: skip
+    assert second.attempt == 2
+    assert queue.unclaim(T, 0, [first], client=client) == 0  # the older claim is not this one
+    assert list(space(T).prepare) == ["a"]

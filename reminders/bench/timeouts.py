@@ -302,6 +302,16 @@ _sessions = threading.local()
 
 
 def _cleanup(prefix: str) -> None:
+    _cleanup_rows()
+    client = get_redis()
+    batch = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    for i in range(0, len(batch), 1000):
+        client.delete(*batch[i : i + 1000])
+
+
+def _cleanup_rows() -> None:
+    """The bench topics' rows and topics (also at the start: a run that was killed left its
+    own, which a new worker's rebuild would index and fire in the middle of this run)."""
     for topic in TOPICS:
         while True:
             ids = list(TimeoutJob.objects.filter(topic=topic).values_list("pk", flat=True)[:50_000])
@@ -309,10 +319,6 @@ def _cleanup(prefix: str) -> None:
                 break
             TimeoutJob.objects.filter(pk__in=ids).delete()
     TimeoutTopic.objects.filter(name__in=TOPICS).delete()
-    client = get_redis()
-    batch = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    for i in range(0, len(batch), 1000):
-        client.delete(*batch[i : i + 1000])
 
 
 def run(
@@ -332,6 +338,7 @@ def run(
     settings.REDIS_KEY_PREFIX = prefix
     result: dict[str, Any] = {"database": connection.vendor, "concurrency": concurrency}
     try:
+        _cleanup_rows()
         quiet_database()
         with receiver_process() as receiver:
             result.update(bench_raw(receiver, count=raw_count, threads=concurrency))

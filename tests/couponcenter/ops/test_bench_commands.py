@@ -4,16 +4,20 @@ measure what they say (real Redis, real database); speed itself is never asserte
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from couponcenter.core.redis import get_redis
 from couponcenter.models import Coupon
+from reminders.bench import timeouts as bench_timeouts
 from reminders.bench.backlog import bench_rebuild_size
 from reminders.bench.raw_inbox import bench_raw_inbox
-from reminders.models import Notification, ReminderSubscription
+from reminders.models import Notification, ReminderSubscription, TimeoutJob, TimeoutTopic
+from reminders.services import timeout_job_create, timeout_topic_save
 from tests.support.factories import CouponFactory
 
 
@@ -95,3 +99,21 @@ def test_the_raw_inbox_loop_writes_every_row_and_cleans_up(reminder_settings):
     assert result["raw_inbox_written"] == 600
     assert not Notification.objects.filter(user_id__gte=8_800_000_000).exists()
     assert not ReminderSubscription.objects.filter(user_id__gte=8_800_000_000).exists()
+
+
+@pytest.mark.django_db
+def test_the_timeouts_bench_starts_by_removing_what_a_killed_run_left(
+    django_capture_on_commit_callbacks,
+):
+    """A killed run leaves its rows; a new run's worker would index and fire them mid-run."""
+    at = timezone.now() + timedelta(days=1)
+    timeout_topic_save(topic=TimeoutTopic(name=bench_timeouts.BURST_TOPIC), type="log")
+    with django_capture_on_commit_callbacks(execute=True):
+        left = timeout_job_create(topic=bench_timeouts.BURST_TOPIC, action_time=at,
+                                  biz_type="bench", biz_id="b-1")  # fmt: skip
+        kept = timeout_job_create(topic="timeout.default", action_time=at, biz_type="order",
+                                  biz_id="real")  # fmt: skip
+    bench_timeouts._cleanup_rows()
+    assert not TimeoutJob.objects.filter(pk=left.pk).exists()
+    assert not TimeoutTopic.objects.filter(name=bench_timeouts.BURST_TOPIC).exists()
+    assert TimeoutJob.objects.filter(pk=kept.pk).exists()

@@ -58,6 +58,10 @@ def timeout_jobs_handle(
     is refused (``not_pending``): exactly one outcome. A row whose action time moved past the
     entry's due time (rescheduled while its old entry was being claimed) is put back and its
     entry dropped: the reschedule indexed the new time.
+
+    An executor that holds (a threaded worker, ``TIMEOUT_HOLD_MS``) gets the entries as they
+    are, claimed up to the hold before they fall due; it takes the rows the same way at each
+    job's due time (``timeout_jobs_take``), so the outcomes are the same, decided later.
     """
     results: dict[str, Result] = {e.job_id: DROP for e in entries}
     executor = executors.get(topic)

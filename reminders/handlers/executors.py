@@ -34,7 +34,6 @@ import itertools
 import logging
 import queue as stdlib_queue
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from django.db import close_old_connections
 
 from couponcenter.core.webhooks import guarded_session
 from reminders.engine import queue
+from reminders.engine.dispatcher import wall_ms
 from reminders.engine.scripts import Claimed
 from reminders.models import TimeoutJob
 from reminders.selectors.topics import TimeoutTopicSpec
@@ -75,10 +75,6 @@ Take = Callable[[TimeoutTopicSpec, int, list[Claimed]], list[tuple[TimeoutJob, i
 Clock = Callable[[], int]
 
 
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 class TopicExecutor:
     def __init__(
         self,
@@ -90,7 +86,7 @@ class TopicExecutor:
         quarantine: Quarantine | None = None,
         on_room: Callable[[], None] | None = None,
         take: Take | None = None,
-        clock: Clock = _wall_ms,
+        clock: Clock = wall_ms,
     ) -> None:
         self.spec = spec
         self.on_room = on_room  # called when a full batch fits again (wakes the dispatcher)
@@ -210,17 +206,6 @@ class TopicExecutor:
         """In flight and not held (under ``_lock``; the held count is read without its lock)."""
         return self._in_flight - len(self._held)
 
-    @property
-    def held(self) -> int:
-        """Entries handed over and not yet due (their rows untouched)."""
-        with self._held_cv:
-            return len(self._held)
-
-    def poke(self) -> None:
-        """Look at the held entries again now (the clock moved on: tests)."""
-        with self._held_cv:
-            self._held_cv.notify()
-
     def _hold_loop(self) -> None:
         while True:
             with self._held_cv:
@@ -257,7 +242,19 @@ class TopicExecutor:
             logger.exception("giving back %d held jobs of %s failed (the reaper brings them "
                              "back)", len(entries), self.spec.name)  # fmt: skip
 
-    def _pop_due(self, now_ms: int) -> dict[int, list[Claimed]]:
+    def _give_back_held(self) -> None:
+        """Everything still held goes back to store (closing); the timer then ends."""
+        with self._held_cv:
+            left = self._pop_due(float("inf"))
+            self._heap.clear()
+            self._held_cv.notify()
+        for slot, entries in left.items():
+            logger.warning("%d held jobs of %s given back at shutdown, due as they were",
+                           len(entries), self.spec.name)  # fmt: skip
+            self._give_back(slot, entries)
+            self._untake(len(entries))
+
+    def _pop_due(self, now_ms: float) -> dict[int, list[Claimed]]:
         """The held entries due by ``now_ms`` (replaced copies dropped), by slot; under the lock."""
         due: dict[int, list[Claimed]] = {}
         while self._heap and self._heap[0][0] <= now_ms:
@@ -299,8 +296,6 @@ class TopicExecutor:
     # --- firing ---------------------------------------------------------------------------------
 
     def _run(self, slot: int, jobs: list[tuple[TimeoutJob, int]]) -> list[Fired]:
-        from reminders.engine.dispatcher import wall_ms
-
         try:
             errors = self._fire(self.spec, [job for job, _ in jobs], self._session)
         except Exception as exc:  # noqa: BLE001 - a failed call fails its jobs, retried
@@ -374,27 +369,14 @@ class TopicExecutor:
         the look-ahead, in real time), then finish and settle what was handed on (what is left
         unsettled, or held, is reaped after its visibility timeout and fired again: not lost)."""
         if self._timer is not None:
-            dropped: dict[int, list[Claimed]] = {}
             with self._held_cv:
-                if not wait:
-                    dropped = self._pop_due(float("inf"))
-                    self._heap.clear()
                 self._closing = True
                 self._held_cv.notify()
-            for slot, entries in dropped.items():
-                self._give_back(slot, entries)
-                self._untake(len(entries))
+            if not wait:
+                self._give_back_held()
             self._timer.join(timeout=settings.TIMEOUT_HOLD_MS / 1000 + 1 if wait else 0)
             if self._timer.is_alive():  # the clock did not reach them: give them back
-                with self._held_cv:
-                    left = self._pop_due(float("inf"))
-                    self._heap.clear()
-                    self._held_cv.notify()
-                for slot, entries in left.items():
-                    logger.warning("%d held jobs of %s given back at shutdown, due as they were",
-                                   len(entries), self.spec.name)  # fmt: skip
-                    self._give_back(slot, entries)
-                    self._untake(len(entries))
+                self._give_back_held()
                 self._timer.join(timeout=5)
         if self._pool is not None:
             self._pool.shutdown(wait=wait)
@@ -450,12 +432,12 @@ class TopicExecutors:
         settle: Settle,
         inline: bool = False,
         take: Take | None = None,
-        clock: Clock = _wall_ms,
+        clock: Clock | None = None,
     ) -> None:
         self._fire = fire
         self._settle = settle
         self._take = take  # None: nothing is held (every entry is taken when claimed)
-        self.clock = clock
+        self.clock = clock or wall_ms
         self.inline = inline
         self.on_room: Callable[[], None] | None = None  # set by the worker: Dispatcher.wake
         self.quarantine = Quarantine()
@@ -489,10 +471,6 @@ class TopicExecutors:
 
     def get(self, topic: str) -> TopicExecutor | None:
         return self._by_topic.get(topic)
-
-    def poke(self) -> None:
-        for executor in list(self._by_topic.values()):
-            executor.poke()
 
     def load(self) -> dict[str, list[int]]:
         """Per topic: [jobs in flight, capacity]."""

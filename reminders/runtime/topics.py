@@ -42,11 +42,9 @@ class GenericTopics:
         self, *, inline: bool, names: set[str] | None = None, clock: Clock | None = None
     ) -> None:
         self.names = names
-        self.inline = inline
         self.executors = TopicExecutors(
-            fire=fire_jobs, settle=settle_fired, inline=inline,
+            fire=fire_jobs, settle=settle_fired, inline=inline, clock=clock,
             take=None if inline or not settings.TIMEOUT_HOLD_MS else timeout_jobs_take,
-            **({"clock": clock} if clock is not None else {}),
         )  # fmt: skip
         self._specs: dict[str, TimeoutTopicSpec] = {}
         self._topics: dict[str, Topic] = {}

@@ -9,11 +9,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.utils import timezone
@@ -24,6 +22,7 @@ from reminders.engine import topics as engine_topics
 from reminders.models import TimeoutJob
 from reminders.runtime.worker import build_worker
 from reminders.services import timeout_job_cancel, timeout_job_create
+from tests.support.webhook import Webhook, serving_webhook
 
 pytestmark = pytest.mark.django_db
 
@@ -55,37 +54,10 @@ def record_call(jobs: list[TimeoutJob]) -> dict[int, str]:
 # --- fixtures ----------------------------------------------------------------------------------
 
 
-class Webhook:
-    """A real HTTP receiver: records each request and answers with ``status``."""
-
-    def __init__(self) -> None:
-        self.status = 200
-        self.requests: list[tuple[dict[str, str], bytes]] = []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                hook.requests.append((dict(self.headers), body))
-                self.send_response(hook.status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-
-
 @pytest.fixture
 def webhook() -> Iterator[Webhook]:
-    hook = Webhook()
-    thread = threading.Thread(target=hook.server.serve_forever, daemon=True)
-    thread.start()
-    yield hook
-    hook.server.shutdown()
-    hook.server.server_close()
+    with serving_webhook() as hook:
+        yield hook
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -26,6 +25,7 @@ from reminders.engine.dispatcher import Dispatcher
 from reminders.models import TimeoutJob
 from reminders.runtime.worker import build_worker
 from reminders.services import timeout_job_cancel, timeout_job_create, timeout_job_reschedule
+from tests.support.webhook import Webhook, serving_webhook
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,36 +35,10 @@ VISIBILITY_MS = 60_000
 WAIT_S = 60
 
 
-class Receiver:
-    """A real HTTP receiver that records the idempotency key of each call."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers["Content-Length"]))
-                hook.calls.append(self.headers["Idempotency-Key"])
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-
-
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    hook = Receiver()
-    thread = threading.Thread(target=hook.server.serve_forever, daemon=True)
-    thread.start()
-    yield hook
-    hook.server.shutdown()
-    hook.server.server_close()
+def receiver() -> Iterator[Webhook]:
+    with serving_webhook() as hook:
+        yield hook
 
 
 class Clock:
@@ -101,9 +75,15 @@ def worker(topic, clock) -> Iterator[Dispatcher]:
     dispatcher.shutdown()
 
 
+def at(clock: Clock, in_ms: int) -> datetime:
+    """The clock's time ``in_ms`` from now, as an action time."""
+    return datetime.fromtimestamp((clock.now_ms + in_ms) / 1000, tz=UTC)
+
+
 def job_due(clock: Clock, in_ms: int) -> TimeoutJob:
-    at = datetime.fromtimestamp((clock.now_ms + in_ms) / 1000, tz=UTC)
-    return timeout_job_create(topic=TOPIC, action_time=at, biz_type="order", biz_id="B-1")
+    return timeout_job_create(
+        topic=TOPIC, action_time=at(clock, in_ms), biz_type="order", biz_id="B-1"
+    )
 
 
 def wait_for(predicate: Callable[[], bool], what: str) -> None:
@@ -137,13 +117,13 @@ def test_a_job_due_within_the_hold_is_claimed_early_and_fired_at_its_due_time(
     assert report.claimed == 1
     assert in_redis(job) == {"prepare": 1}
     assert status(job) == TimeoutJob.Status.PENDING
-    assert receiver.calls == []
+    assert receiver.keys == []
     assert in_flight(worker) == 1
 
     clock.now_ms += 500  # due now: the executor fires it without another tick of the loop
     wait_for(lambda: status(job) == TimeoutJob.Status.PROCESSED, "the held job to fire")
     wait_for(lambda: in_redis(job) == {}, "the fired job to be acked")
-    assert receiver.calls == [f"{TOPIC}:{job.pk}"]
+    assert receiver.keys == [f"{TOPIC}:{job.pk}"]
     assert job.attempts == 1
     wait_for(lambda: in_flight(worker) == 0, "nothing in flight")
 
@@ -156,7 +136,7 @@ def test_a_cancel_before_the_due_time_wins_over_the_hold(worker, clock, receiver
 
     clock.now_ms += 600
     wait_for(lambda: in_flight(worker) == 0, "the held job to be let go")
-    assert receiver.calls == []
+    assert receiver.keys == []
     assert status(job) == TimeoutJob.Status.CANCELLED
     assert in_redis(job) == {}
 
@@ -164,12 +144,11 @@ def test_a_cancel_before_the_due_time_wins_over_the_hold(worker, clock, receiver
 def test_a_reschedule_to_later_while_held_fires_only_at_the_new_time(worker, clock, receiver):
     job = job_due(clock, 500)
     assert worker.run_once().claimed == 1
-    new_time = datetime.fromtimestamp((clock.now_ms + 5_000) / 1000, tz=UTC)
-    timeout_job_reschedule(job=job, action_time=new_time)
+    timeout_job_reschedule(job=job, action_time=at(clock, 5_000))
 
     clock.now_ms += 600  # the old due time: the take finds the row moved and lets the entry go
     wait_for(lambda: in_flight(worker) == 0, "the held copy to be let go")
-    assert receiver.calls == []
+    assert receiver.keys == []
     assert status(job) == TimeoutJob.Status.PENDING
     assert in_redis(job) == {"store": 1}
 
@@ -177,15 +156,14 @@ def test_a_reschedule_to_later_while_held_fires_only_at_the_new_time(worker, clo
     assert worker.run_once().claimed == 1
     wait_for(lambda: status(job) == TimeoutJob.Status.PROCESSED, "the job to fire")
     wait_for(lambda: in_flight(worker) == 0, "nothing in flight")
-    assert receiver.calls == [f"{TOPIC}:{job.pk}"]
+    assert receiver.keys == [f"{TOPIC}:{job.pk}"]
     assert in_redis(job) == {}
 
 
 def test_a_reschedule_to_sooner_while_held_replaces_the_held_copy(worker, clock, receiver):
     job = job_due(clock, 800)
     assert worker.run_once().claimed == 1
-    sooner = datetime.fromtimestamp((clock.now_ms + 300) / 1000, tz=UTC)
-    timeout_job_reschedule(job=job, action_time=sooner)
+    timeout_job_reschedule(job=job, action_time=at(clock, 300))
     assert worker.run_once().claimed == 1  # claimed again at the new time, still ahead
 
     clock.now_ms += 300
@@ -194,7 +172,7 @@ def test_a_reschedule_to_sooner_while_held_replaces_the_held_copy(worker, clock,
     wait_for(lambda: in_flight(worker) == 0, "nothing in flight")
     clock.now_ms += 500  # past the old due time: nothing more fires
     worker.run_once()
-    assert receiver.calls == [f"{TOPIC}:{job.pk}"]
+    assert receiver.keys == [f"{TOPIC}:{job.pk}"]
     assert in_redis(job) == {}
 
 
@@ -209,7 +187,7 @@ def test_a_worker_stopped_while_holding_gives_the_job_back_due_as_it_was(
         assert in_redis(job) == {"prepare": 1}
     finally:
         worker.shutdown()  # the clock never reaches the due time: the job goes back to store
-    assert receiver.calls == []
+    assert receiver.keys == []
     assert status(job) == TimeoutJob.Status.PENDING
     assert in_redis(job) == {"store": 1}
     assert queue.earliest_due(TOPIC, [job.slot]) == clock.now_ms + 100  # due as it was
@@ -222,7 +200,7 @@ def test_a_worker_stopped_while_holding_gives_the_job_back_due_as_it_was(
         drain.shutdown()
     assert status(job) == TimeoutJob.Status.PROCESSED
     assert job.attempts == 1
-    assert receiver.calls == [f"{TOPIC}:{job.pk}"]
+    assert receiver.keys == [f"{TOPIC}:{job.pk}"]
     assert in_redis(job) == {}
 
 
@@ -254,12 +232,12 @@ def test_held_jobs_wait_for_a_firing_suspect_no_longer_than_the_hold(settings, c
     CALLED.clear()
     SUSPECT_RELEASE.clear()
     SUSPECT_FIRING.clear()
-    at = lambda ms: datetime.fromtimestamp((clock.now_ms + ms) / 1000, tz=UTC)  # noqa: E731
-    held = timeout_job_create(topic=name, action_time=at(500), biz_type="t", biz_id="held")
+    held = timeout_job_create(topic=name, action_time=at(clock, 500), biz_type="t",
+                              biz_id="held")  # fmt: skip
     worker = build_worker([name], threaded=True, clock=clock)
     try:
         assert worker.run_once().claimed == 1  # held, due in 500 ms
-        suspect = timeout_job_create(topic=name, action_time=at(0), biz_type="t",
+        suspect = timeout_job_create(topic=name, action_time=at(clock, 0), biz_type="t",
                                      biz_id="suspect")  # fmt: skip
         # As the reaper leaves a job whose worker never answered: marked a suspect.
         redis_client.hset(keys.slot_keys(name, suspect.slot).meta, f"s:{suspect.pk}", 1)

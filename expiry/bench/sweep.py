@@ -263,7 +263,8 @@ def _sweeper_process(batch_size: int, start, results) -> None:
 
 
 def _raw_process(worker: int, workers: int, span: tuple, batch_size: int, start, results) -> None:
-    # The bare limit: the same two UPDATEs per chunk, by primary-key range, no queue, no locks.
+    # The bare limit: the same two UPDATEs per chunk, by primary-key range, no queue, no locks,
+    # committed as the sweepers commit theirs (without waiting for the WAL flush).
     uc_table, task_table = UserCoupon._meta.db_table, ExpiryTask._meta.db_table
     lo, hi = span
     start.wait()
@@ -271,6 +272,8 @@ def _raw_process(worker: int, workers: int, span: tuple, batch_size: int, start,
     for first in range(lo + worker * batch_size, hi + 1, workers * batch_size):
         params = [first, first + batch_size - 1]
         with transaction.atomic(), connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SET LOCAL synchronous_commit = off")
             cursor.execute(
                 f"UPDATE {uc_table} SET status = 'expired' "
                 "WHERE id BETWEEN %s AND %s AND status = 'unused'",

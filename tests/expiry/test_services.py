@@ -66,6 +66,33 @@ def test_used_coupons_are_not_touched():
     assert statuses([used, unused]) == [("processed", "expired"), ("processed", "used")]
 
 
+def test_a_batch_expires_exactly_its_own_coupons_whether_or_not_their_ids_run_unbroken():
+    now = timezone.now()
+    due = now - timedelta(minutes=1)
+    # Claimed one after another: one run of ids, updated by one walk of the key range.
+    run = [make_task(expires_at=due) for _ in range(4)]
+    after_run = make_task(expires_at=now + timedelta(minutes=1))
+    result = services.expiry_sweep_batch(now=now, batch_size=100)
+    assert (result.claimed, result.processed, result.expired) == (4, 4, 4)
+    assert statuses(run) == [("processed", "expired")] * 4
+    assert statuses([after_run]) == [("pending", "unused")]
+
+    # Claims not yet due, a used one and a deleted one between the due ones: the ids of the next
+    # batch's coupons have holes, and the coupons in the holes are left as they were.
+    first = make_task(expires_at=due)
+    not_due = make_task(expires_at=now + timedelta(minutes=1))
+    second = make_task(expires_at=due)
+    used = make_task(expires_at=due, status=Status.USED, task_status=ExpiryTask.Status.PROCESSED)
+    gone = make_task(expires_at=due)
+    third = make_task(expires_at=due)
+    UserCoupon.objects.filter(pk=gone.user_coupon_id).delete()
+    result = services.expiry_sweep_batch(now=now, batch_size=100)
+    assert (result.claimed, result.processed, result.expired) == (3, 3, 3)
+    assert statuses([first, second, third]) == [("processed", "expired")] * 3
+    assert statuses([not_due, after_run]) == [("pending", "unused")] * 2
+    assert statuses([used]) == [("processed", "used")]
+
+
 def test_processed_tasks_are_not_swept_again():
     now = timezone.now()
     make_task(expires_at=now - timedelta(minutes=1), task_status=ExpiryTask.Status.PROCESSED)

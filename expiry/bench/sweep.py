@@ -268,12 +268,13 @@ def _raw_process(worker: int, workers: int, span: tuple, batch_size: int, start,
     uc_table, task_table = UserCoupon._meta.db_table, ExpiryTask._meta.db_table
     lo, hi = span
     start.wait()
+    if connection.vendor == "postgresql":  # once for the session, not a round trip per chunk
+        with connection.cursor() as cursor:
+            cursor.execute("SET synchronous_commit = off")
     done = 0
     for first in range(lo + worker * batch_size, hi + 1, workers * batch_size):
         params = [first, first + batch_size - 1]
         with transaction.atomic(), connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute("SET LOCAL synchronous_commit = off")
             cursor.execute(
                 f"UPDATE {uc_table} SET status = 'expired' "
                 "WHERE id BETWEEN %s AND %s AND status = 'unused'",

@@ -19,9 +19,11 @@ timer thread waits for each job's due time, then takes the rows (pending to runn
 conditional ``UPDATE``) and fires them: the due moment pays for one statement and the call, not
 for the loop's sleep and claim. A cancel or a reschedule that commits before the due time still
 wins (the take refuses the row, and the entry is acked); a job claimed again while held (a
-reschedule to sooner) replaces its older copy, which is then neither fired nor acked. While a
-suspect fires (``Quarantine``), held jobs that fell due wait for it, at most ``hold_ms`` more. What
-is still held when the executor closes goes back to store, due as it was (``queue.unclaim``).
+reschedule to sooner) replaces its older copy, which is then neither fired nor acked. A suspect
+fires alone (``Quarantine``): held jobs that fall due while it waits for the process's other
+jobs to settle wait for it, at most ``hold_ms`` more, and what is still held when it fires goes
+back to store, due as it was, no attempt spent (``queue.unclaim``), and is claimed again once it
+settled; so does what is still held when the executor closes.
 
 ``inline=True`` (the ``--once`` drain and the tests) fires and settles in the caller's thread,
 through the same code, and holds nothing.
@@ -34,6 +36,7 @@ import itertools
 import logging
 import queue as stdlib_queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -217,8 +220,9 @@ class TopicExecutor:
                         continue
                     wait_ms = self._heap[0][0] - self.clock()
                     if self.quarantine.active and wait_ms > -self.hold_ms:
-                        # A suspect firing: what is held waits until it settled (it fires
-                        # alone), but no longer than the hold past its due time.
+                        # A suspect waiting to fire alone: what is held waits until it settled
+                        # (and goes back to store if still held when it fires), but no longer
+                        # than the hold past its due time.
                         wait_ms = max(wait_ms, QUARANTINE_POLL_MS)
                     elif wait_ms <= 0:
                         break
@@ -242,15 +246,16 @@ class TopicExecutor:
             logger.exception("giving back %d held jobs of %s failed (the reaper brings them "
                              "back)", len(entries), self.spec.name)  # fmt: skip
 
-    def _give_back_held(self) -> None:
-        """Everything still held goes back to store (closing); the timer then ends."""
+    def give_back_held(self, *, why: str = "at shutdown", level: int = logging.WARNING) -> None:
+        """Everything still held goes back to store, due as it was (closing: the timer then
+        ends; or a suspect about to fire alone)."""
         with self._held_cv:
             left = self._pop_due(float("inf"))
             self._heap.clear()
             self._held_cv.notify()
         for slot, entries in left.items():
-            logger.warning("%d held jobs of %s given back at shutdown, due as they were",
-                           len(entries), self.spec.name)  # fmt: skip
+            logger.log(level, "%d held jobs of %s given back %s, due as they were",
+                       len(entries), self.spec.name, why)  # fmt: skip
             self._give_back(slot, entries)
             self._untake(len(entries))
 
@@ -313,12 +318,14 @@ class TopicExecutor:
 
     def _fire_quarantined(self, slot: int, jobs: list[tuple[TimeoutJob, int]]) -> None:
         try:
-            self.quarantine.wait_for_others(self, len(jobs))
+            self.quarantine.wait_alone(self, len(jobs))
             fired = self._run(slot, jobs)
             self._settle_safely(fired)
         finally:
             self.quarantine.leave()
             close_old_connections()
+            if self.on_room is not None:  # claims may go on: what was given back is due
+                self.on_room()
 
     # --- settling -------------------------------------------------------------------------------
 
@@ -373,10 +380,10 @@ class TopicExecutor:
                 self._closing = True
                 self._held_cv.notify()
             if not wait:
-                self._give_back_held()
+                self.give_back_held()
             self._timer.join(timeout=settings.TIMEOUT_HOLD_MS / 1000 + 1 if wait else 0)
             if self._timer.is_alive():  # the clock did not reach them: give them back
-                self._give_back_held()
+                self.give_back_held()
                 self._timer.join(timeout=5)
         if self._pool is not None:
             self._pool.shutdown(wait=wait)
@@ -391,8 +398,12 @@ class TopicExecutor:
 
 
 class Quarantine:
-    """Process-wide: while a suspect fires, every executor of the process takes no new work,
-    and the suspect waits until what the others had in flight has settled."""
+    """Process-wide: while a suspect is in quarantine, every executor of the process takes no
+    new work; the suspect fires once what the others had in flight has settled and what they
+    held has gone back to store, so a pill that kills the process takes nothing else with it
+    (what it would take comes back a suspect, an attempt spent)."""
+
+    TIMEOUT_S = 60  # a suspect waits no longer for the others (a call stuck past its timeout)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -411,14 +422,30 @@ class Quarantine:
         with self._lock:
             self._count -= 1
 
-    def wait_for_others(self, own: TopicExecutor, own_jobs: int, timeout_s: float = 60) -> None:
-        """Until what the executors have in flight has settled, but for the suspect's own jobs
-        and what they hold (held jobs wait for the suspect: see ``_hold_loop``)."""
+    def wait_alone(self, own: TopicExecutor, own_jobs: int) -> None:
+        """Until the suspect's own jobs are all the process has claimed: what the executors have
+        in flight settled (held jobs wait meanwhile, at most their hold past their due time: see
+        ``_hold_loop``; one that fired meanwhile is waited for too), then what they still hold
+        given back to store. Nothing is claimed again while the quarantine lasts (``room``), so
+        nothing can be in flight beside the suspect from then until it settled."""
+        deadline = time.monotonic() + self.TIMEOUT_S
+        while True:
+            for executor in list(self.executors):
+                mine, left_s = own_jobs if executor is own else 0, deadline - time.monotonic()
+                with executor._lock:
+                    executor._lock.wait_for(lambda e=executor, n=mine: e._firing() <= n,
+                                            timeout=max(0.0, left_s))  # fmt: skip
+            for executor in list(self.executors):
+                executor.give_back_held(why="while a suspect fires alone", level=logging.INFO)
+            if self._alone(own, own_jobs) or time.monotonic() >= deadline:
+                return
+
+    def _alone(self, own: TopicExecutor, own_jobs: int) -> bool:
         for executor in list(self.executors):
-            mine = own_jobs if executor is own else 0
             with executor._lock:
-                executor._lock.wait_for(lambda e=executor, n=mine: e._firing() <= n,
-                                        timeout=timeout_s)  # fmt: skip
+                if executor._firing() > (own_jobs if executor is own else 0):
+                    return False
+        return True
 
 
 class TopicExecutors:
@@ -442,6 +469,8 @@ class TopicExecutors:
         self.on_room: Callable[[], None] | None = None  # set by the worker: Dispatcher.wake
         self.quarantine = Quarantine()
         self._by_topic: dict[str, TopicExecutor] = {}
+        self._retiring: set[TopicExecutor] = set()  # closing in the background, still firing
+        self._members_lock = threading.Lock()
         self._retired_counts: dict[str, int] = {}
 
     def sync(self, specs: dict[str, TimeoutTopicSpec]) -> None:
@@ -459,15 +488,28 @@ class TopicExecutors:
                 quarantine=self.quarantine, on_room=lambda: self.on_room and self.on_room(),
                 take=self._take, clock=self.clock,
             )  # fmt: skip
-        self.quarantine.executors = list(self._by_topic.values())
+        self._quarantine_members()
+
+    def _quarantine_members(self) -> None:
+        """A suspect waits for every executor of the process, the retiring ones too."""
+        with self._members_lock:
+            self.quarantine.executors = [*self._by_topic.values(), *self._retiring]
 
     def _retire(self, executor: TopicExecutor) -> None:
         for name, n in executor.counts.items():  # what it settles from now on is not counted
             self._retired_counts[name] = self._retired_counts.get(name, 0) + n
         if executor.inline:
             return
-        threading.Thread(target=executor.close, name=f"retire-{executor.spec.name}",
-                         daemon=True).start()  # fmt: skip
+
+        def close() -> None:
+            try:
+                executor.close()
+            finally:
+                self._retiring.discard(executor)
+                self._quarantine_members()
+
+        self._retiring.add(executor)
+        threading.Thread(target=close, name=f"retire-{executor.spec.name}", daemon=True).start()
 
     def get(self, topic: str) -> TopicExecutor | None:
         return self._by_topic.get(topic)

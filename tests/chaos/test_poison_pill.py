@@ -6,7 +6,8 @@ pill is in the dead queue, its ``TimeoutJob`` row DEAD (the engine's ``on_dead``
 alert raised. The pill's batch-mates (its slot, due with it) come back with it after the first
 death as suspects; each is then claimed alone, so they run once, on their second delivery, and the
 pill dies alone from then on: a suspect fires in quarantine (``handlers.executors.Quarantine``),
-once nothing else of its process is in flight and with nothing new taken until it settled. So the
+once nothing else of its process is in flight or held (what was held goes back to store, its
+attempt not spent) and with nothing new taken until it settled. So the
 jobs due while the pill keeps killing workers, in the other slots and in another topic, run once
 each, on their first delivery. (On its first run nobody knows the pill is one: what its process
 had in flight then, in its executors' threads, is delivered again, as at-least-once promises.

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -104,8 +105,16 @@ def in_redis(job: TimeoutJob) -> dict[str, int]:
     return {k: v for k, v in (("store", s.store), ("prepare", s.prepare), ("dead", s.dead)) if v}
 
 
-def in_flight(worker: Dispatcher) -> int:
-    return worker.load()[TOPIC][0]
+def where(redis_client, job: TimeoutJob) -> str | None:
+    """The set of its slot that holds the job's entry (store, prepare, dead), if any."""
+    k = keys.slot_keys(job.topic, job.slot)
+    found = [name for name in ("store", "prepare", "dead")
+             if redis_client.zscore(getattr(k, name), str(job.pk)) is not None]  # fmt: skip
+    return found[0] if found else None
+
+
+def in_flight(worker: Dispatcher, topic: str = TOPIC) -> int:
+    return worker.load()[topic][0]
 
 
 def test_a_job_due_within_the_hold_is_claimed_early_and_fired_at_its_due_time(
@@ -206,23 +215,24 @@ def test_a_worker_stopped_while_holding_gives_the_job_back_due_as_it_was(
 
 SUSPECT_RELEASE = threading.Event()
 SUSPECT_FIRING = threading.Event()
-
-
-def blocking_action(jobs: list[TimeoutJob]) -> None:
-    """A ``callable`` action: a suspect's call blocks until the test lets it go."""
-    if any(job.biz_id == "suspect" for job in jobs):
-        SUSPECT_FIRING.set()
-        assert SUSPECT_RELEASE.wait(WAIT_S)
-    CALLED.extend(job.biz_id for job in jobs)
-
-
+SLOW_RELEASE = threading.Event()
+SLOW_FIRING = threading.Event()
 CALLED: list[str] = []
 
 
-def test_held_jobs_wait_for_a_firing_suspect_no_longer_than_the_hold(settings, clock, redis_client):
-    """A suspect (a job whose worker died firing it) fires alone; what is held when it comes
-    waits for it, but at most the hold past its due time: the hold is a tenth of the visibility
-    timeout, so a held job is never reaped and fired twice behind a long suspect."""
+def blocking_action(jobs: list[TimeoutJob]) -> None:
+    """A ``callable`` action: a suspect's call (and a slow job's) blocks until the test lets it
+    go."""
+    for biz_id, firing, release in (("suspect", SUSPECT_FIRING, SUSPECT_RELEASE),
+                                    ("slow", SLOW_FIRING, SLOW_RELEASE)):  # fmt: skip
+        if any(job.biz_id == biz_id for job in jobs):
+            firing.set()
+            assert release.wait(WAIT_S)
+    CALLED.extend(job.biz_id for job in jobs)
+
+
+@pytest.fixture
+def blocking_topic(settings) -> Iterator[str]:
     name = "hold.call"
     settings.TIMEOUT_HOLD_MS = 1000
     settings.TIMEOUT_TOPICS = {
@@ -230,32 +240,130 @@ def test_held_jobs_wait_for_a_firing_suspect_no_longer_than_the_hold(settings, c
                "visibility_ms": VISIBILITY_MS, "concurrency": 2},
     }  # fmt: skip
     CALLED.clear()
-    SUSPECT_RELEASE.clear()
-    SUSPECT_FIRING.clear()
-    held = timeout_job_create(topic=name, action_time=at(clock, 500), biz_type="t",
+    for event in (SUSPECT_RELEASE, SUSPECT_FIRING, SLOW_RELEASE, SLOW_FIRING):
+        event.clear()
+    yield name
+    SUSPECT_RELEASE.set()
+    SLOW_RELEASE.set()
+    engine_topics.unregister_topic(name)
+
+
+def suspect_due(redis_client, clock: Clock, topic: str) -> TimeoutJob:
+    """A job due now that the reaper brought back from a worker that died firing it."""
+    suspect = timeout_job_create(topic=topic, action_time=at(clock, 0), biz_type="t",
+                                 biz_id="suspect")  # fmt: skip
+    redis_client.hset(keys.slot_keys(topic, suspect.slot).meta, f"s:{suspect.pk}", 1)
+    return suspect
+
+
+def test_a_suspect_fires_with_nothing_else_claimed_and_what_was_held_fires_after_it(
+    blocking_topic, clock, redis_client
+):
+    """A suspect (a job whose worker died firing it) may be a pill that kills its worker: it
+    fires alone, with nothing else of the process in flight, not even held. What was held goes
+    back to store, due as it was and its attempt not spent, and is claimed and fired once the
+    suspect settled: a pill takes nobody with it."""
+    held = timeout_job_create(topic=blocking_topic, action_time=at(clock, 500), biz_type="t",
                               biz_id="held")  # fmt: skip
-    worker = build_worker([name], threaded=True, clock=clock)
+    worker = build_worker([blocking_topic], threaded=True, clock=clock)
     try:
         assert worker.run_once().claimed == 1  # held, due in 500 ms
-        suspect = timeout_job_create(topic=name, action_time=at(clock, 0), biz_type="t",
-                                     biz_id="suspect")  # fmt: skip
-        # As the reaper leaves a job whose worker never answered: marked a suspect.
-        redis_client.hset(keys.slot_keys(name, suspect.slot).meta, f"s:{suspect.pk}", 1)
+        assert where(redis_client, held) == "prepare"
+        suspect = suspect_due(redis_client, clock, blocking_topic)
         assert worker.run_once().claimed == 1  # the suspect, alone: it fires in quarantine
         assert SUSPECT_FIRING.wait(WAIT_S)
+        # Were the worker killed now, the held job would not come back as a suspect, attempt
+        # spent: it is in store, as if never claimed.
+        assert where(redis_client, held) == "store"
+        assert where(redis_client, suspect) == "prepare"
+        assert in_flight(worker, blocking_topic) == 1  # the suspect, and nothing else
 
-        clock.now_ms += 500  # the held job is due, and waits for the suspect
+        clock.now_ms += 1500  # due, and the hold past it: nothing is claimed while it fires
+        assert worker.run_once().claimed == 0
         assert status(held) == TimeoutJob.Status.PENDING
-        clock.now_ms += 1000  # the hold past its due time: it fires, the suspect still firing
+        SUSPECT_RELEASE.set()
+        wait_for(lambda: status(suspect) == TimeoutJob.Status.PROCESSED, "the suspect to settle")
+        wait_for(lambda: worker.run_once().claimed == 1, "the held job to be claimed again")
         wait_for(lambda: status(held) == TimeoutJob.Status.PROCESSED, "the held job to fire")
-        assert CALLED == ["held"]
     finally:
         SUSPECT_RELEASE.set()
         worker.shutdown()
-        engine_topics.unregister_topic(name)
-    assert status(suspect) == TimeoutJob.Status.PROCESSED
-    assert CALLED == ["held", "suspect"]
+    assert CALLED == ["suspect", "held"]
+    assert held.attempts == 1
     assert in_redis(held) == {} and in_redis(suspect) == {}
+
+
+def test_held_jobs_wait_for_a_waiting_suspect_no_longer_than_the_hold(
+    blocking_topic, clock, redis_client
+):
+    """A suspect waits until what the process has in flight settled; a held job that falls due
+    meanwhile waits for it, but at most the hold past its due time (a tenth of the visibility
+    timeout: never reaped and fired twice behind a slow job). The suspect then waits for it
+    too, and fires alone."""
+    SUSPECT_RELEASE.set()  # here the suspect's call returns at once
+    slow = timeout_job_create(topic=blocking_topic, action_time=at(clock, 0), biz_type="t",
+                              biz_id="slow")  # fmt: skip
+    worker = build_worker([blocking_topic], threaded=True, clock=clock)
+    try:
+        assert worker.run_once().claimed == 1
+        assert SLOW_FIRING.wait(WAIT_S)  # in flight, and stays so until the test lets it go
+        held = timeout_job_create(topic=blocking_topic, action_time=at(clock, 500), biz_type="t",
+                                  biz_id="held")  # fmt: skip
+        assert worker.run_once().claimed == 1  # held, due in 500 ms
+        suspect = suspect_due(redis_client, clock, blocking_topic)
+        assert worker.run_once().claimed == 1  # the suspect: it waits for the slow job
+
+        clock.now_ms += 500  # the held job is due, and waits for the suspect
+        assert status(held) == TimeoutJob.Status.PENDING
+        clock.now_ms += 1000  # the hold past its due time: it fires, the suspect still waiting
+        wait_for(lambda: status(held) == TimeoutJob.Status.PROCESSED, "the held job to fire")
+        assert CALLED == ["held"]
+        assert not SUSPECT_FIRING.is_set()
+        SLOW_RELEASE.set()
+        wait_for(lambda: status(suspect) == TimeoutJob.Status.PROCESSED, "the suspect to fire")
+    finally:
+        SLOW_RELEASE.set()
+        SUSPECT_RELEASE.set()
+        worker.shutdown()
+    assert CALLED == ["held", "slow", "suspect"]
+    assert [in_redis(j) for j in (slow, held, suspect)] == [{}, {}, {}]
+
+
+def test_a_suspect_waits_for_what_a_retiring_executor_still_fires():
+    """A topic's executor rebuilt (its spec changed) finishes what it fired in the background;
+    a suspect that comes meanwhile waits for that too before it fires alone."""
+    from reminders.handlers.executors import TopicExecutors
+    from reminders.topic_specs import TimeoutTopicSpec
+
+    fired: list[str] = []
+    slow_release, slow_firing = threading.Event(), threading.Event()
+
+    def fire(spec, jobs, session) -> dict[int, str | None]:
+        if any(job.biz_id == "slow" for job in jobs):
+            slow_firing.set()
+            assert slow_release.wait(WAIT_S)
+        fired.extend(job.biz_id for job in jobs)
+        return {}
+
+    executors = TopicExecutors(fire=fire, settle=lambda spec, done: {"acked": len(done)})
+    spec = TimeoutTopicSpec(name="retire.call", type="callable", path="x.y", concurrency=1)
+    try:
+        executors.sync({spec.name: spec})
+        executors.get(spec.name).submit(0, [(TimeoutJob(pk=1, biz_id="slow"), 1)])
+        assert slow_firing.wait(WAIT_S)
+        executors.sync({spec.name: replace(spec, concurrency=2)})  # the old one retires
+        current = executors.get(spec.name)
+        current.submit(0, [(TimeoutJob(pk=2, biz_id="suspect"), 2)], suspect=True)
+        assert current.room() == 0  # in quarantine: nothing is claimed
+        assert not current.wait_idle(0.2)  # the suspect waits: the retiring one still fires
+        assert fired == []
+        slow_release.set()
+        assert current.wait_idle(WAIT_S)
+        assert fired == ["slow", "suspect"]
+        assert current.room() == current.capacity
+    finally:
+        slow_release.set()
+        executors.close()
 
 
 def test_the_hold_is_configured_by_a_whole_number_within_bounds(settings):

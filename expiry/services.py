@@ -51,6 +51,7 @@ from django.db import OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from couponcenter.core.db import prepared
 from couponcenter.core.live_settings import LiveSettingsReader, live_settings_save
 from couponcenter.core.redis import get_redis
 from couponcenter.models import UserCoupon
@@ -153,7 +154,7 @@ WITH batch AS (
     SELECT expire_at, id FROM batch ORDER BY {backwards} LIMIT 1
 ), gate AS (
     SELECT pg_try_advisory_xact_lock(%(lock_class)s, (
-        SELECT (id %% 2147483647)::integer FROM batch ORDER BY {order} LIMIT 1
+        SELECT mod(id, 2147483647)::integer FROM batch ORDER BY {order} LIMIT 1
     )) AS ok
 ), span AS (
     SELECT min(user_coupon_id) AS lo, max(user_coupon_id) AS hi,
@@ -236,8 +237,18 @@ def _directed(template: str, descending: bool) -> str:
                            t_order="t." + order.replace(", id", ", t.id"))  # fmt: skip
 
 
-# Per direction (False: up the index, True: down it).
+# Per direction (False: up the index, True: down it). The fast way runs as a server-side prepared
+# statement (``couponcenter.core.db.prepared``) on its generic plan: parsing and planning its CTEs
+# cost about 0.3 ms of a 2000-row batch's 15-20 ms, every batch (``EXPLAIN (ANALYZE, SUMMARY)``).
 _FAST_SQL = {down: _directed(_FAST_TEMPLATE, down) for down in (False, True)}
+_FAST_PARAMS = (
+    ("now", "timestamptz"), ("limit", "integer"), ("ids", "boolean"),
+    ("after_at", "timestamptz"), ("after_id", "bigint"), ("lock_class", "integer"),
+)  # fmt: skip
+_FAST_PREPARED = {
+    down: prepared.Prepared(f"cc_expiry_{'down' if down else 'up'}", _FAST_SQL[down], _FAST_PARAMS)
+    for down in (False, True)
+}
 _CAREFUL_SQL = {down: _directed(_CAREFUL_TEMPLATE, down) for down in (False, True)}
 
 # Before every task and after every task: where a pass up or down the index starts.
@@ -290,7 +301,7 @@ def _sweep_batch_postgres(
               "after_id": after[1], "lock_class": BATCH_LOCK_CLASS}  # fmt: skip
     try:
         seen, processed, expired, ids, last, ours = _one_statement(
-            _FAST_SQL[descending], params, min(FAST_LOCK_WAIT_MS, LOCK_TIMEOUT_MS)
+            _FAST_PREPARED[descending], params, min(FAST_LOCK_WAIT_MS, LOCK_TIMEOUT_MS)
         )
     except OperationalError as exc:
         if getattr(exc.__cause__, "pgcode", None) not in _CAREFUL_AFTER:
@@ -306,18 +317,33 @@ def _sweep_batch_postgres(
     return seen, processed, expired, ids, last, 0, False
 
 
-def _one_statement(sql: str, params: dict, lock_timeout_ms: int) -> tuple:
-    with transaction.atomic(), connection.cursor() as cursor:
-        # A batch lost in a crash before its WAL reached disk is simply swept again (the sweep is
-        # idempotent), so the commit need not wait for the flush. One round trip for both.
-        cursor.execute(
-            "SELECT set_config('lock_timeout', %s, true), "
-            "set_config('synchronous_commit', 'off', true)",
-            [f"{lock_timeout_ms}ms"],
-        )
-        cursor.execute(sql, params)
-        seen, processed, expired, ids, last_at, last_id, ours = cursor.fetchone()
-    return seen, processed, expired, ids, (last_at, last_id) if last_id else None, ours
+def _one_statement(statement: str | prepared.Prepared, params: dict, lock_timeout_ms: int) -> tuple:
+    """One batch in its own transaction; ``statement`` prepared where it may be, as plain SQL
+    otherwise (``prepared.execute_in_own_transaction``)."""
+    for again in (False, True):
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                # A batch lost in a crash before its WAL reached disk is simply swept again (the
+                # sweep is idempotent), so the commit need not wait for the flush. The prepared
+                # statement's generic plan is the one its custom plans all are (the partial index
+                # walked in due order, the coupons by key): use it, not plan each batch again.
+                # One round trip for the three.
+                cursor.execute(
+                    "SELECT set_config('lock_timeout', %s, true), "
+                    "set_config('synchronous_commit', 'off', true), "
+                    "set_config('plan_cache_mode', 'force_generic_plan', true)",
+                    [f"{lock_timeout_ms}ms"],
+                )
+                if isinstance(statement, prepared.Prepared):
+                    prepared.execute_in_own_transaction(cursor, statement, params)
+                else:
+                    cursor.execute(statement, params)
+                seen, processed, expired, ids, last_at, last_id, ours = cursor.fetchone()
+            return seen, processed, expired, ids, (last_at, last_id) if last_id else None, ours
+        except prepared.RunAgain:
+            if again:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _sweep_batch_orm(now: datetime, limit: int, after: tuple[datetime, int]) -> tuple:

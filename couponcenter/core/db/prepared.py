@@ -12,6 +12,10 @@ ones) and each call sends only its parameters.
 - Only in autocommit. Inside a caller's transaction the statement runs as plain SQL, so a failed
   ``EXECUTE`` can never abort that transaction. Nor on connections that live for one request
   (``CONN_MAX_AGE`` 0), where the ``PREPARE`` would be used once.
+- A caller that opens a transaction of its own for the statement (the expiry sweeper's batch)
+  uses ``execute_in_own_transaction``: the ``PREPARE`` runs inside that transaction, under its
+  lock timeout (it takes the statement's table locks). A missing or already prepared statement
+  then aborts the transaction (``RunAgain``), and the caller runs it again from the start.
 - ``DB_PREPARED_STATEMENTS=0`` turns it off, as it must be behind a pooler in transaction mode
   (PgBouncer): there the next statement may run on another server connection. If a prepared
   statement is missing all the same (``26000``, say after a ``DISCARD ALL``), the call runs as
@@ -68,39 +72,78 @@ class Prepared:
         object.__setattr__(self, "_execute", f"EXECUTE {key}({arguments})")
 
 
+class RunAgain(DatabaseError):
+    """``execute_in_own_transaction`` found the server session out of step with the names this
+    connection keeps (a statement gone after a ``DISCARD ALL``, or there already behind a pooler):
+    the caller's transaction is aborted and the names are put right; run it again."""
+
+
 def execute(cursor: CursorWrapper, statement: Prepared, params: dict[str, Any]) -> None:
     """Run ``statement`` with ``params`` on ``cursor`` (of ``django.db.connection``): prepared
     where it may be (see the module docstring), as plain SQL otherwise."""
     if not _may_prepare():
         cursor.execute(statement.sql, params)
         return
-    prepared = connection.prepared_statements
-    if statement.key not in prepared:
-        try:
-            cursor.execute(statement._prepare)
-        except DatabaseError as exc:
-            # Prepared already on this server session (behind a pooler): the name carries the
-            # text's hash, so it is this very statement.
-            if getattr(exc.__cause__, "pgcode", None) != _ALREADY_PREPARED:
-                raise
-        prepared.add(statement.key)
+    _prepare(cursor, statement)
     try:
         cursor.execute(statement._execute, [params[name] for name, _ in statement.params])
     except DatabaseError as exc:
         if getattr(exc.__cause__, "pgcode", None) != _NOT_PREPARED:
             raise
-        prepared.discard(statement.key)
+        connection.prepared_statements.discard(statement.key)
         cursor.execute(statement.sql, params)
 
 
+def execute_in_own_transaction(
+    cursor: CursorWrapper, statement: Prepared, params: dict[str, Any]
+) -> None:
+    """Run ``statement`` inside the caller's own transaction (the outermost, opened for it):
+    prepared where it may be, as plain SQL otherwise (inside a transaction the caller is part
+    of, or turned off). Raises ``RunAgain`` when the caller should run its transaction again."""
+    if not (_may_keep_statements() and len(connection.atomic_blocks) == 1):
+        cursor.execute(statement.sql, params)
+        return
+    prepared = connection.prepared_statements
+    try:
+        if statement.key not in prepared:
+            cursor.execute(statement._prepare)
+            prepared.add(statement.key)
+        cursor.execute(statement._execute, [params[name] for name, _ in statement.params])
+    except DatabaseError as exc:
+        code = getattr(exc.__cause__, "pgcode", None)
+        if code == _ALREADY_PREPARED:
+            prepared.add(statement.key)  # the name carries the text's hash: this very statement
+        elif code == _NOT_PREPARED:
+            prepared.discard(statement.key)
+        else:
+            raise
+        raise RunAgain(f"{statement.key}: {exc}".strip()) from exc
+
+
+def _prepare(cursor: CursorWrapper, statement: Prepared) -> None:
+    prepared = connection.prepared_statements
+    if statement.key in prepared:
+        return
+    try:
+        cursor.execute(statement._prepare)
+    except DatabaseError as exc:
+        # Prepared already on this server session (behind a pooler): the name carries the
+        # text's hash, so it is this very statement.
+        if getattr(exc.__cause__, "pgcode", None) != _ALREADY_PREPARED:
+            raise
+    prepared.add(statement.key)
+
+
 def _may_prepare() -> bool:
+    return _may_keep_statements() and connection.get_autocommit() and not connection.in_atomic_block
+
+
+def _may_keep_statements() -> bool:
     # Our PostgreSQL backend (couponcenter.core.db.postgresql) keeps the names per connection.
     # A connection closed after every request (CONN_MAX_AGE 0) would prepare for one use only:
     # that costs a round trip more than the plain statement.
     return (
         settings.DB_PREPARED_STATEMENTS
         and hasattr(connection, "prepared_statements")
-        and connection.get_autocommit()
-        and not connection.in_atomic_block
         and connection.settings_dict.get("CONN_MAX_AGE") != 0
     )

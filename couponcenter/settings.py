@@ -117,7 +117,8 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # SELECT 1 before every request (couponcenter.core.db.postgresql).
     DATABASES["default"]["ENGINE"] = "couponcenter.core.db.postgresql"
 DB_HEALTH_CHECK_IDLE_S = float(os.environ.get("DB_HEALTH_CHECK_IDLE_S", "1"))
-# The claim and its fold run as server-side prepared statements (couponcenter.core.db.prepared);
+# The claim, its fold and the expiry batch run as server-side prepared statements
+# (couponcenter.core.db.prepared);
 # set 0 behind a pooler in transaction mode (PgBouncer), where a session's PREPARE is not kept.
 DB_PREPARED_STATEMENTS = _env_bool("DB_PREPARED_STATEMENTS", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -82,7 +82,7 @@ def test_the_fast_way_takes_no_row_lock_before_its_updates():
     with connection.cursor() as cursor:
         params = {"now": BENCH_NOW, "limit": 10, "ids": False, "after_at": BENCH_NOW,
                   "after_id": 0, "lock_class": services.BATCH_LOCK_CLASS}  # fmt: skip
-        cursor.execute("EXPLAIN " + services._FAST_SQL[False], params)
+        cursor.execute("EXPLAIN " + services._FAST[False].sql, params)
         fast = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("EXPLAIN " + services._CAREFUL_SQL[False], params)
         careful = "\n".join(row[0] for row in cursor.fetchall())

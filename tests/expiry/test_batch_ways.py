@@ -4,6 +4,8 @@ held too long (``SKIP LOCKED``)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import psycopg2
 import pytest
 from django.db import connection
@@ -13,7 +15,7 @@ from expiry import services
 from expiry.bench.sweep import BENCH_NOW, bench_data_load
 from expiry.models import ExpiryTask
 from tests.expiry.test_races import run_threads, sweeper_batches
-from tests.support.factories import CouponFactory
+from tests.support.factories import CouponFactory, ExpiryTaskFactory, UserCouponFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -53,6 +55,30 @@ def test_a_batch_another_sweeper_holds_is_passed_over_and_the_pass_goes_on(other
     other_session.rollback()  # the holder went away without finishing: the next pass takes it
     assert services.expiry_sweep_due(now=BENCH_NOW, batch_size=10).expired == 10
     assert UserCoupon.objects.filter(status="expired").count() == 30
+
+
+def test_a_batch_is_named_after_its_least_task_id_not_its_first_due(other_session):
+    """Two sweepers reading the same batch name the same lock, however its ids lie: here the
+    batch's first task in due order is its greatest id, and the lock on its least id holds it."""
+    coupon = CouponFactory(total_stock=10)
+    moments = [BENCH_NOW - timedelta(minutes=m) for m in range(10)]  # created latest-due first
+    tasks = [
+        ExpiryTaskFactory(
+            user_coupon=UserCouponFactory(
+                coupon=coupon, expires_at=at, claimed_at=at - timedelta(days=1)
+            )
+        )
+        for at in moments
+    ]
+    least = min(task.pk for task in tasks[5:])  # the first batch: the five due earliest
+    with other_session.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [services.BATCH_LOCK_CLASS, least])
+
+    held = services.expiry_sweep_batch(now=BENCH_NOW, batch_size=5)
+
+    assert (held.claimed, held.left_to_others) == (0, 5)
+    assert held.last == (tasks[5].expire_at, tasks[5].pk)  # the pass goes on after it
+    assert not ExpiryTask.objects.exclude(status="pending").exists()
 
 
 def test_a_coupon_held_by_a_long_transaction_sends_its_batch_the_careful_way(

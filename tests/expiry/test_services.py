@@ -142,6 +142,35 @@ def test_a_pass_resumes_each_batch_after_the_last_ones_key():
     assert [r.last for r in seen] == [keys[2], keys[5], keys[6]]
 
 
+@pytest.mark.parametrize("descending", [False, True], ids=["up", "down"])
+def test_each_batch_ends_at_its_last_task_in_due_order_whatever_order_the_ids_are_in(descending):
+    """A batch's ``last`` is where the next one starts: the batch's greatest (expire_at, id) in
+    its walk's order, whether the batch is due at one moment or at several, cut in the middle of
+    a moment or not, and with ids that disagree with the due order."""
+    now = timezone.now()
+    moments = [now - timedelta(minutes=m) for m in (3, 2, 1)]
+    due = [2, 2, 1, 1, 1, 0, 0, 1]  # created latest-due first: ids run against the due order
+    tasks = [make_task(expires_at=moments[m]) for m in due]
+    keys = sorted(((task.expire_at, task.pk) for task in tasks), reverse=descending)
+    batches, after = [], None
+
+    while True:
+        result = services.expiry_sweep_batch(
+            now=now, batch_size=3, collect_ids=True, after=after, descending=descending
+        )
+        if not result.claimed:
+            break
+        batches.append((sorted(result.task_ids), result.last))
+        after = result.last
+
+    assert batches == [
+        (sorted(pk for _, pk in keys[0:3]), keys[2]),
+        (sorted(pk for _, pk in keys[3:6]), keys[5]),
+        (sorted(pk for _, pk in keys[6:8]), keys[7]),
+    ]
+    assert statuses(tasks) == [("processed", "expired")] * 8
+
+
 def test_a_batch_takes_only_tasks_after_the_given_key_and_the_next_pass_takes_the_rest():
     now = timezone.now()
     early, late = (make_task(expires_at=now - timedelta(minutes=m)) for m in (5, 1))

@@ -95,20 +95,25 @@ def execute(cursor: CursorWrapper, statement: Prepared, params: dict[str, Any]) 
 
 
 def execute_in_own_transaction(
-    cursor: CursorWrapper, statement: Prepared, params: dict[str, Any]
+    cursor: CursorWrapper, statement: Prepared, params: dict[str, Any], *, preamble: str = ""
 ) -> None:
     """Run ``statement`` inside the caller's own transaction (the outermost, opened for it):
     prepared where it may be, as plain SQL otherwise (inside a transaction the caller is part
-    of, or turned off). Raises ``RunAgain`` when the caller should run its transaction again."""
+    of, or turned off). Raises ``RunAgain`` when the caller should run its transaction again.
+
+    ``preamble``: SQL without parameters (and without ``%``) sent ahead of the statement in the
+    same round trip, the transaction's settings say; a ``PREPARE`` runs after it too."""
+    if "%" in preamble:
+        raise ValueError("a preamble takes no parameters and no literal %")
+    ahead = f"{preamble}; " if preamble else ""
     if not (_may_keep_statements() and len(connection.atomic_blocks) == 1):
-        cursor.execute(statement.sql, params)
+        cursor.execute(ahead + statement.sql, params)
         return
     prepared = connection.prepared_statements
+    if statement.key not in prepared:
+        ahead += f"{statement._prepare}; "
     try:
-        if statement.key not in prepared:
-            cursor.execute(statement._prepare)
-            prepared.add(statement.key)
-        cursor.execute(statement._execute, [params[name] for name, _ in statement.params])
+        cursor.execute(ahead + statement._execute, [params[name] for name, _ in statement.params])
     except DatabaseError as exc:
         code = getattr(exc.__cause__, "pgcode", None)
         if code == _ALREADY_PREPARED:
@@ -118,6 +123,7 @@ def execute_in_own_transaction(
         else:
             raise
         raise RunAgain(f"{statement.key}: {exc}".strip()) from exc
+    prepared.add(statement.key)
 
 
 def _prepare(cursor: CursorWrapper, statement: Prepared) -> None:

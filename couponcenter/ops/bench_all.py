@@ -340,7 +340,7 @@ def run(
     # after-fork cleanup.
     if "expiry" in parts:
         say(f"expiry: {expiry_count:,} coupons, 2 sweepers, beside the bare SQL loop "
-            f"(two rounds each, taking turns)")  # fmt: skip
+            f"(an untimed warm-up, then two rounds each, taking turns)")  # fmt: skip
         result["expiry"] = bench_expiry.run_bench(
             count=expiry_count,
             workers=2,

@@ -9,6 +9,11 @@ With ``rounds`` > 1 the two take turns, in the order ours, bare, bare, ours (and
 side's time is the mean of its rounds: a drift of the machine during the run (another process,
 autovacuum, the disk's cache) falls on both sides alike, and one slow phase weighs half as much.
 
+Before them, an untimed warm-up phase (the bare loop over a full load, ``warmup``): the first
+phase of a run was the slowest one whichever side it was (a run's first 1M sweep after a quiet
+spell took 9.0 s, its later ones 7.1-7.7 s; session 13's table has three more such), and with
+the turns above that first phase is always ours. Its time is reported, never counted.
+
 On PostgreSQL each timed phase starts right after a ``CHECKPOINT``, so both pay the same full-page
 images for every page they touch first (as a nightly sweep over rows claimed long before does),
 and neither inherits the other's, or the load's, checkpoint half done. The WAL each phase wrote
@@ -56,6 +61,7 @@ class BenchReport:
     raw_sql_wal_bytes: int | None = None
     seconds_each: tuple[float, ...] = ()  # per round, when there were several
     raw_sql_seconds_each: tuple[float, ...] = ()
+    warmup_seconds: float | None = None  # the untimed warm-up phase, when there was one
 
     def as_dict(self) -> dict:
         per_s = self.count / self.seconds if self.seconds else 0.0
@@ -77,6 +83,9 @@ class BenchReport:
             "rounds": max(1, len(self.seconds_each)),
             "seconds_each": [round(x, 3) for x in self.seconds_each],
             "raw_sql_seconds_each": [round(x, 3) for x in self.raw_sql_seconds_each],
+            "warmup_seconds": None
+            if self.warmup_seconds is None
+            else round(self.warmup_seconds, 3),
         }
 
 
@@ -85,16 +94,23 @@ def _mb(n: int | None) -> float | None:
 
 
 def run_bench(
-    *, count: int, workers: int, batch_size: int, progress: bool = True, rounds: int = 1
+    *,
+    count: int,
+    workers: int,
+    batch_size: int,
+    progress: bool = True,
+    rounds: int = 1,
+    warmup: bool = True,
 ) -> BenchReport:
     ours: list[float] = []
     raw: list[float] = []
+    warm: list[float] = []
     wal: dict[str, int | None] = {}
     batches = 0
     load_seconds = 0.0
     bench_data_delete()
     try:
-        for phase in _phases(rounds):
+        for phase in _phases(rounds, warmup=warmup):
             coupon = _bench_coupon(count)
             started = time.perf_counter()
             bench_data_load(coupon=coupon, count=count, progress=progress)
@@ -107,7 +123,8 @@ def run_bench(
                 _check_all_expired_once(coupon=coupon, count=count)
                 ours.append(seconds)
             else:
-                raw.append(_timed_raw_loop(coupon=coupon, workers=workers, batch_size=batch_size))
+                seconds = _timed_raw_loop(coupon=coupon, workers=workers, batch_size=batch_size)
+                (warm if phase == "warm-up" else raw).append(seconds)
             wal.setdefault(phase, _wal_since(wal_start))
             bench_data_delete(progress=progress)
     finally:
@@ -125,12 +142,15 @@ def run_bench(
         raw_sql_wal_bytes=wal.get("raw"),
         seconds_each=tuple(ours) if rounds > 1 else (),
         raw_sql_seconds_each=tuple(raw) if rounds > 1 else (),
+        warmup_seconds=warm[0] if warm else None,
     )
 
 
-def _phases(rounds: int) -> list[str]:
-    """Ours and the bare loop taking turns, ours, raw, raw, ours, ...: each side as often first."""
-    return [p for r in range(rounds) for p in (("ours", "raw") if r % 2 == 0 else ("raw", "ours"))]
+def _phases(rounds: int, *, warmup: bool = False) -> list[str]:
+    """Ours and the bare loop taking turns, ours, raw, raw, ours, ...: each side as often first;
+    after an untimed warm-up phase (the bare loop) when ``warmup``."""
+    turns = [p for r in range(rounds) for p in (("ours", "raw") if r % 2 == 0 else ("raw", "ours"))]
+    return ["warm-up", *turns] if warmup else turns
 
 
 def _checkpoint() -> str | None:

@@ -95,6 +95,22 @@ def test_rounds_take_turns_so_each_side_goes_first_as_often():
     assert sweep._phases(1) == ["ours", "raw"]
     assert sweep._phases(2) == ["ours", "raw", "raw", "ours"]
     assert sweep._phases(3) == ["ours", "raw", "raw", "ours", "ours", "raw"]
+    assert sweep._phases(2, warmup=True) == ["warm-up", "ours", "raw", "raw", "ours"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_untimed_warm_up_runs_first_unless_turned_off():
+    reports = []
+    for extra in ([], ["--no-warmup"]):
+        out = StringIO()
+        call_command(
+            "bench_expiry", "--count=120", "--batch-size=40", "--json", "--force", *extra,
+            stdout=out,
+        )  # fmt: skip
+        reports.append(json.loads(out.getvalue()))
+    warmed, cold = reports
+    assert warmed["warmup_seconds"] > 0 and cold["warmup_seconds"] is None
+    assert UserCoupon.objects.count() == 0 and ExpiryTask.objects.count() == 0
 
 
 @pytest.mark.django_db(transaction=True)

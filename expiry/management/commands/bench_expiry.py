@@ -31,6 +31,11 @@ class Command(BaseCommand):
             help="times each side runs, taking turns (ours, bare, bare, ours, ...); each side's "
             "time is the mean of its rounds",
         )
+        parser.add_argument(
+            "--no-warmup",
+            action="store_true",
+            help="skip the untimed warm-up phase (the bare loop once) before the timed ones",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         parser.add_argument("--force", action="store_true", help="run even with DEBUG off")
 
@@ -49,6 +54,7 @@ class Command(BaseCommand):
             batch_size=batch_size,
             progress=not options["json"],
             rounds=rounds,
+            warmup=not options["no_warmup"],
         ).as_dict()
         if options["json"]:
             self.stdout.write(_json_dumps(report))

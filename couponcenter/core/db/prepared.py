@@ -14,8 +14,10 @@ ones) and each call sends only its parameters.
   (``CONN_MAX_AGE`` 0), where the ``PREPARE`` would be used once.
 - A caller that opens a transaction of its own for the statement (the expiry sweeper's batch)
   uses ``execute_in_own_transaction``: the ``PREPARE`` runs inside that transaction, under its
-  lock timeout (it takes the statement's table locks). A missing or already prepared statement
-  then aborts the transaction (``RunAgain``), and the caller runs it again from the start.
+  lock timeout (it takes the statement's table locks), in one round trip with the transaction's
+  settings and the ``EXECUTE`` (psycopg2 sends a multi-statement string as one query, its
+  parameters bound on the client). A missing or already prepared statement then aborts the
+  transaction (``RunAgain``), and the caller runs it again from the start.
 - ``DB_PREPARED_STATEMENTS=0`` turns it off, as it must be behind a pooler in transaction mode
   (PgBouncer): there the next statement may run on another server connection. If a prepared
   statement is missing all the same (``26000``, say after a ``DISCARD ALL``), the call runs as

@@ -11,7 +11,7 @@ Invariants:
   just the two UPDATEs, coupons first and then tasks, each in primary-key order, which is the
   order a redeem takes them in (coupon, then task), so the two can wait on each other but never
   deadlock. Sweepers split the work by batch: a batch is theirs when they take a transaction-level
-  advisory lock named after its least task id; a sweeper that finds it taken moves on past that
+  advisory lock named after its first task; a sweeper that finds it taken moves on past that
   batch. Two sweepers that still meet on a row (a batch read just before the other committed)
   find it no longer pending when the first commits, and leave it.
 - The fast way waits at most ``FAST_LOCK_WAIT_MS`` for a row lock (a redeem holds one for a
@@ -67,7 +67,7 @@ LOCK_TIMEOUT_MS = 5000
 # The fast way of a batch waits this long for a row lock before it rolls back and goes the careful
 # way (module docstring); a redeem holds its coupon for about a millisecond.
 FAST_LOCK_WAIT_MS = 200
-# Advisory lock classes: the sweepers' batches (the object is the batch's least task id) and the
+# Advisory lock classes: the sweepers' batches (the object is the batch's first task id) and the
 # lanes of their passes (``expiry_sweep_due``).
 BATCH_LOCK_CLASS = 0x5E1A
 LANE_LOCK_CLASS = 0x5E1B
@@ -137,8 +137,9 @@ class SweepTotals:
 # tasks whatever order the executor would choose.
 # - The batch is read once, straight into one aggregate (``span``): no copy of it is kept and
 #   walked again (keeping one, then sorting it for the first and last task, cost a third of a
-#   batch's own overhead, ``EXPLAIN ANALYZE``). The batch's lock is named after its least task id:
-#   two sweepers reading the same batch name the same lock.
+#   batch's own overhead, ``EXPLAIN ANALYZE``). The batch's lock is named after its first task in
+#   walk order, found by one descent of the same index in the statement's snapshot: two sweepers
+#   reading the same batch name the same lock, and batches that only overlap never do.
 # - The coupons: claims made together (one campaign's rush) fall due together, so a batch's user
 #   coupons are often one run of ids with none missing (``span.whole``); then one walk of that key
 #   range updates exactly them. Otherwise ``= ANY`` finds each by primary key (a join let the
@@ -155,7 +156,7 @@ _FAST_TEMPLATE = """
 WITH span AS (
     SELECT count(*) AS n, min(user_coupon_id) AS lo, max(user_coupon_id) AS hi,
            max(user_coupon_id) - min(user_coupon_id) + 1 = count(*) AS whole,
-           array_agg(ctid) AS ctids, array_agg(user_coupon_id) AS coupons, min(id) AS key,
+           array_agg(ctid) AS ctids, array_agg(user_coupon_id) AS coupons,
            {near}(expire_at) AS near_at, {far}(expire_at) AS far_at, {far}(id) AS far_id
     FROM (
         SELECT id, expire_at, user_coupon_id, ctid FROM expiry_expirytask
@@ -165,8 +166,13 @@ WITH span AS (
         LIMIT %(limit)s
     ) batch
 ), gate AS (
-    SELECT pg_try_advisory_xact_lock(%(lock_class)s, mod(key, 2147483647)::integer) AS ok
-    FROM span
+    SELECT pg_try_advisory_xact_lock(%(lock_class)s, (
+        SELECT mod(id, 2147483647)::integer FROM expiry_expirytask
+        WHERE status = 'pending' AND expire_at <= %(now)s
+          AND (expire_at, id) {past} (%(after_at)s, %(after_id)s)
+        ORDER BY {order}
+        LIMIT 1
+    )) AS ok
 ), expired_run AS (
     UPDATE couponcenter_usercoupon SET status = 'expired'
     WHERE id BETWEEN (SELECT lo FROM span) AND (SELECT hi FROM span)

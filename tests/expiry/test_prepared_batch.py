@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import psycopg2
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from couponcenter.core.db import prepared
 from couponcenter.models import UserCoupon
 from expiry import services
 from expiry.models import ExpiryTask
@@ -84,6 +86,39 @@ def test_a_batch_whose_statement_the_session_has_already_runs_again_once():
     second = sweep(2, first.last)  # its PREPARE fails, the batch rolls back and runs again
     assert (second.processed, second.expired) == (2, 2)
     assert list(on_server().values()) == [(2, 0)]  # the one statement, run twice
+    assert swept(tasks) == [(ExpiryTask.Status.PROCESSED, UserCoupon.Status.EXPIRED)]
+
+
+def test_a_first_batch_that_waited_on_a_row_lock_keeps_its_statement_for_the_next(monkeypatch):
+    """The PREPARE and the EXECUTE go in one round trip; when the EXECUTE fails after the PREPARE
+    (a row lock held too long sends the batch the careful way), the statement stays on the
+    server, and the connection knows it: the next batch does not PREPARE it again."""
+    monkeypatch.setattr(services, "FAST_LOCK_WAIT_MS", 50)
+    tasks = due_tasks(4)
+    db = connection.settings_dict
+    holder = psycopg2.connect(
+        dbname=db["NAME"], user=db["USER"], host=db["HOST"], port=db["PORT"] or 5432
+    )
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM couponcenter_usercoupon WHERE id = %s FOR UPDATE",
+                           [tasks[0].user_coupon_id])  # fmt: skip
+        held = sweep(2)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert held.careful and held.processed == 2  # past the held coupon
+    key = services._FAST[False].key
+    assert key in connection.prepared_statements and key in on_server()
+    runs = []
+    run = prepared.execute_in_own_transaction
+    monkeypatch.setattr(
+        prepared, "execute_in_own_transaction", lambda *a, **k: runs.append(1) or run(*a, **k)
+    )
+
+    after = sweep(4)
+    assert (after.careful, after.processed) == (False, 2)
+    assert len(runs) == 1  # in one go: no PREPARE refused as a duplicate, no rerun
     assert swept(tasks) == [(ExpiryTask.Status.PROCESSED, UserCoupon.Status.EXPIRED)]
 
 

@@ -114,6 +114,10 @@ def execute_in_own_transaction(
     prepared = connection.prepared_statements
     if statement.key not in prepared:
         ahead += f"{statement._prepare}; "
+        # Kept before the round trip: a PREPARE that succeeded stays on the server whatever
+        # happens to the EXECUTE after it (a lock wait, say); one that failed shows as 26000 on
+        # the next call, which puts the name right.
+        prepared.add(statement.key)
     try:
         cursor.execute(ahead + statement._execute, [params[name] for name, _ in statement.params])
     except DatabaseError as exc:
@@ -125,7 +129,6 @@ def execute_in_own_transaction(
         else:
             raise
         raise RunAgain(f"{statement.key}: {exc}".strip()) from exc
-    prepared.add(statement.key)
 
 
 def _prepare(cursor: CursorWrapper, statement: Prepared) -> None:

@@ -10,9 +10,11 @@ Refused targets:
 - plain HTTP unless ``WEBHOOK_ALLOW_HTTP`` is on (development and tests), whatever the case of the
   scheme;
 - private, loopback, link-local and other non-public addresses unless ``WEBHOOK_ALLOW_PRIVATE`` is
-  on (DESIGN.md section 7), checked on the address the socket actually connected to, before a
-  byte is sent (``guarded_session``): a name that resolves to an internal address, or is
-  re-pointed to one after a first check, is refused;
+  on (DESIGN.md section 7), checked before any connection is made (``guarded_session``): the
+  host is resolved once, every address it resolves to must be public, and the socket connects
+  to those checked addresses only, so a name re-pointed after the check changes nothing. A
+  refused target never sees a connection and every refusal reads the same, so an open, a closed
+  and an unreachable internal port cannot be told apart (no port scan through ``last_error``);
 - a redirect is a failure and is never followed (following it would re-send the body, the
   signature and the idempotency key to wherever it points).
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import socket
 import time
 from urllib.parse import urlsplit
 
@@ -32,6 +35,9 @@ import requests
 import urllib3
 from django.conf import settings
 from requests.adapters import HTTPAdapter
+from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+from urllib3.util.connection import allowed_gai_family
+from urllib3.util.timeout import _DEFAULT_TIMEOUT
 
 SIGNATURE_HEADER = "X-Coupon-Center-Signature"
 TIMESTAMP_HEADER = "X-Coupon-Center-Timestamp"
@@ -103,22 +109,60 @@ def address_refused(address: str) -> bool:
     return not ip.is_global or ip.is_multicast
 
 
-def _check_peer(sock) -> None:
-    if settings.WEBHOOK_ALLOW_PRIVATE:
-        return
-    peer = sock.getpeername()[0]
-    if address_refused(peer):
-        sock.close()
-        raise PrivateAddressRefused(f"non-public address {peer} refused")
+# The one text of a refused address: it names neither the address nor the port, nor says whether
+# anything answers there.
+REFUSED_ADDRESS = "not a public address"
+
+
+def _checked_addresses(host: str, port: int) -> list[tuple]:
+    """``getaddrinfo``'s answers for ``host``, all of them public (else ``PrivateAddressRefused``):
+    a name with one internal address among public ones is refused whole."""
+    found = socket.getaddrinfo(host.strip("[]"), port, allowed_gai_family(), socket.SOCK_STREAM)
+    if any(address_refused(sockaddr[0]) for *_, sockaddr in found):
+        raise PrivateAddressRefused(REFUSED_ADDRESS)
+    return found
+
+
+def _connect(found: list[tuple], timeout, source_address, socket_options) -> socket.socket:
+    """urllib3's ``create_connection`` over addresses resolved (and checked) already."""
+    error: OSError | None = None
+    for family, kind, proto, _, sockaddr in found:
+        sock = socket.socket(family, kind, proto)
+        try:
+            for option in socket_options or ():
+                sock.setsockopt(*option)
+            if timeout is not _DEFAULT_TIMEOUT:
+                sock.settimeout(timeout)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(sockaddr)
+            return sock
+        except OSError as exc:
+            error = exc
+            sock.close()
+    raise error or OSError("getaddrinfo returned no address")
 
 
 class _GuardedConnection:
-    """Checks the connected peer before the connection is handed out (mixed into urllib3's)."""
+    """Resolves the host, checks every address and connects to the checked ones only (mixed into
+    urllib3's connections; TLS still verifies and sends the host name: only the socket is ours)."""
 
     def _new_conn(self):
-        sock = super()._new_conn()
-        _check_peer(sock)
-        return sock
+        if settings.WEBHOOK_ALLOW_PRIVATE:
+            return super()._new_conn()
+        try:
+            found = _checked_addresses(self._dns_host, self.port)
+            return _connect(found, self.timeout, self.source_address, self.socket_options)
+        except PrivateAddressRefused:
+            raise
+        except (socket.gaierror, UnicodeError) as exc:  # UnicodeError: a label IDNA refuses
+            raise NameResolutionError(self.host, self, exc) from exc
+        except TimeoutError as exc:
+            raise ConnectTimeoutError(
+                self, f"Connection to {self.host} timed out. (connect timeout={self.timeout})"
+            ) from exc
+        except OSError as exc:
+            raise NewConnectionError(self, f"Failed to establish a new connection: {exc}") from exc
 
 
 class _GuardedHTTPConnection(_GuardedConnection, urllib3.connection.HTTPConnection):
@@ -145,9 +189,9 @@ class _GuardedAdapter(HTTPAdapter):
 
 
 def guarded_session(*, pool_size: int = 10) -> requests.Session:
-    """A ``requests.Session`` whose connections refuse non-public peers (the address connected
-    to, checked before the request is written). No proxies from the environment: a proxy would
-    be the peer, and the target behind it unchecked."""
+    """A ``requests.Session`` whose connections refuse non-public addresses (checked on the
+    resolved addresses, before connecting). No proxies from the environment: a proxy would be
+    the peer, and the target behind it unchecked."""
     session = requests.Session()
     session.trust_env = False
     adapter = _GuardedAdapter(pool_connections=pool_size, pool_maxsize=pool_size)

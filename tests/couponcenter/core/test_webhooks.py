@@ -5,6 +5,7 @@ path and query often carry a secret). A real HTTP receiver on 127.0.0.1 checks w
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -112,7 +113,7 @@ def test_a_private_address_is_refused_before_anything_is_sent(servers, settings,
     target = Server()
     servers.append(target)
     url = f"http://{host}:{target.httpd.server_port}/hook?api_key=SECRETINQUERY"
-    with pytest.raises(requests.RequestException, match="non-public address 127.0.0.1") as caught:
+    with pytest.raises(requests.RequestException, match="not a public address") as caught:
         post_signed(url, b"{}", secret=SECRET, idempotency_key="k1")
     assert "WEBHOOK_ALLOW_PRIVATE" in str(caught.value) and "SECRETINQUERY" not in str(caught.value)
     assert target.requests == []  # not a byte of the body or the signature went out
@@ -134,3 +135,33 @@ def test_private_addresses_are_allowed_when_configured(servers, settings):
 )  # fmt: skip
 def test_which_addresses_are_non_public(address, refused):
     assert address_refused(address) is refused
+
+
+def test_an_open_and_a_closed_private_port_are_refused_alike_and_never_connected(settings):
+    """No port scan through ``last_error``: the address is checked before any connection is
+    made, so a listening port and a closed one give the same error, and the listening one never
+    sees a connection (its backlog stays empty: nothing to accept)."""
+    settings.WEBHOOK_ALLOW_PRIVATE = False
+    listening = socket.socket()
+    closed = socket.socket()  # bound, not listening: a connection to it is refused
+    try:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        closed.bind(("127.0.0.1", 0))
+        errors = []
+        for sock in (listening, closed):
+            port = sock.getsockname()[1]
+            with pytest.raises(requests.RequestException) as caught:
+                post_signed(f"http://127.0.0.1:{port}/hook", b"{}", secret=SECRET,
+                            idempotency_key="k1")  # fmt: skip
+            errors.append(
+                f"{type(caught.value).__name__}: {caught.value}".replace(f":{port}", ":PORT")
+            )
+        listening.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listening.accept()  # no connection was ever made to it
+        assert errors[0] == errors[1]
+        assert "refused" in errors[0] and "WEBHOOK_ALLOW_PRIVATE" in errors[0]
+    finally:
+        listening.close()
+        closed.close()

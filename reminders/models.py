@@ -163,11 +163,13 @@ class TimeoutTopic(models.Model):
         "attribute.<name>), so one flooding key does not starve the others.",
     )  # fmt: skip
     paused = models.BooleanField(default=False, help_text="Due jobs wait in Redis while paused.")
+    # An owner is protected: a topic whose owner went would be staff-only, and its callers
+    # would lose it without a word (``selectors.topics.topic_usable_by``).
     owner_user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
         blank=True,
-        on_delete=models.SET_NULL,
+        on_delete=models.PROTECT,
         related_name="+",
         help_text="Who may use the topic through the API (staff always may).",
     )
@@ -175,10 +177,9 @@ class TimeoutTopic(models.Model):
         "auth.Group",
         null=True,
         blank=True,
-        on_delete=models.SET_NULL,
+        on_delete=models.PROTECT,
         related_name="+",
-        help_text="Or every member of this group. No owner: every caller allowed to manage "
-        "timeouts.",
+        help_text="Or every member of this group. No owner: staff only.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

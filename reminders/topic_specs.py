@@ -6,10 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from urllib.parse import urlsplit
 
+from django.utils.crypto import salted_hmac
+
 from couponcenter.core.webhooks import secret_problem
 from reminders.members import REMINDER_TOPICS
 
 TOPIC_TYPES = {"log", "callable", "celery", "http"}
+# Keeps the fair-key hash apart from every other use of the secret key.
+FAIR_KEY_SALT = "reminders.fair_key"
 # A job may wait in its topic's executor for (queue depth / concurrency) calls before its own:
 # the visibility timeout must cover that many call timeouts, or a slow receiver's jobs would be
 # taken back and retried while they still wait their turn.
@@ -108,14 +112,28 @@ def spec_from_topic(row) -> TimeoutTopicSpec:
     )
 
 
-def slot_basis(spec: TimeoutTopicSpec, biz_type: str, biz_id: str, attribute: dict | None) -> str:
+def slot_basis(
+    spec: TimeoutTopicSpec,
+    biz_type: str,
+    biz_id: str,
+    attribute: dict | None,
+    *,
+    owner_id: int | None,
+) -> str:
     """What a job's slot is chosen by: its business id, or with ``fair_key`` the key's value,
     so each key's jobs share a slot and the claims' round-robin over slots shares the firing
     between keys: one flooding key fills only its own slot (keys that hash to the same slot
-    share it; more slots, fewer collisions)."""
+    share it; more slots, fewer collisions).
+
+    The value is the client's to choose, so it counts only within the account that creates the
+    job (``owner_id``; None: staff and code): another account's same value is another key. It
+    is hashed with the service's secret key, so no account can work out a value that lands in
+    the slot of another's key either."""
     if spec.fair_key == "biz_type":
-        return f"fair:{biz_type}"
-    if spec.fair_key.startswith("attribute."):
+        value = biz_type
+    elif spec.fair_key.startswith("attribute."):
         value = (attribute or {}).get(spec.fair_key.removeprefix("attribute."), "")
-        return f"fair:{value}"
-    return biz_id
+    else:
+        return biz_id
+    key = f"{'' if owner_id is None else owner_id}:{value}"
+    return "fair:" + salted_hmac(FAIR_KEY_SALT, key, algorithm="sha256").hexdigest()[:16]

@@ -24,6 +24,8 @@ secret, and the message ends up in logs, ``last_error`` columns and the API.
 
 from __future__ import annotations
 
+import collections
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -45,18 +47,51 @@ TIMESTAMP_HEADER = "X-Coupon-Center-Timestamp"
 REPLAY_TOLERANCE_S = 300
 # A signing key shorter than this can be guessed; an empty one lets anyone forge a request.
 MIN_SECRET_BYTES = 32
+# A long key is guessable too when it is made of few characters, repeats a shorter unit or runs
+# along the alphabet (most neighbours the same step apart). The bounds leave every random key
+# of 32 bytes or more as the example makes it, and 32 random hex digits, well clear of them.
+MIN_SECRET_DISTINCT_CHARS = 8
+MAX_SECRET_STEP_SHARE = 0.5
+_MAKE_ONE = "for example: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
 def secret_problem(secret: str, *, what: str) -> str | None:
-    """Why ``secret`` may not sign outbound calls (None: it may)."""
+    """Why ``secret`` may not sign outbound calls (None: it may): the one rule for every
+    signing secret (topic rows, settings topics, the webhook gateway, each outbound call)."""
     size = len(secret.encode())
     if size < MIN_SECRET_BYTES:
         state = "is empty" if not size else f"has {size} bytes"
-        return (
-            f"{what} {state}: a signing secret needs at least {MIN_SECRET_BYTES} bytes "
-            "(for example: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
-        )
+        need = f"a signing secret needs at least {MIN_SECRET_BYTES} bytes"
+        return f"{what} {state}: {need} ({_MAKE_ONE})"
+    weakness = _secret_weakness(secret)
+    if weakness:
+        return f"{what} is guessable: {weakness}; use a random one ({_MAKE_ONE})"
     return None
+
+
+@functools.lru_cache(maxsize=256)  # checked before every outbound call; a process has few
+def _secret_weakness(secret: str) -> str | None:
+    distinct = len(set(secret))
+    if distinct < MIN_SECRET_DISTINCT_CHARS:
+        return f"{distinct} distinct characters (at least {MIN_SECRET_DISTINCT_CHARS})"
+    unit = _shortest_period(secret)
+    if unit <= len(secret) // 2:
+        return f"it repeats a unit of {unit} characters"
+    steps = collections.Counter(ord(b) - ord(a) for a, b in zip(secret, secret[1:], strict=False))
+    if steps.most_common(1)[0][1] > MAX_SECRET_STEP_SHARE * (len(secret) - 1):
+        return "it runs along the alphabet (most neighbours the same step apart)"
+    return None
+
+
+def _shortest_period(text: str) -> int:
+    """The least p with text[i] == text[i - p] for every i >= p (the prefix function)."""
+    border = [0] * len(text)
+    for i in range(1, len(text)):
+        k = border[i - 1]
+        while k and text[i] != text[k]:
+            k = border[k - 1]
+        border[i] = k + 1 if text[i] == text[k] else 0
+    return len(text) - border[-1]
 
 
 def sign(secret: str, body: bytes, timestamp: int) -> str:

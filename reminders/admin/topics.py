@@ -58,9 +58,12 @@ class TimeoutTopicAdmin(admin.ModelAdmin):
 
     def delete_model(self, request, obj):
         try:
-            timeout_topic_delete(topic=obj)
+            purged = timeout_topic_delete(topic=obj)
         except BusinessError as refused:
             self.message_user(request, f"Not deleted: {refused.message}", messages.ERROR)
+            return
+        if purged:
+            self.message_user(request, f"{obj.name}: its {purged} finished jobs deleted with it.")
 
     def delete_queryset(self, request, queryset):
         for topic in queryset:

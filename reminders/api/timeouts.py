@@ -112,11 +112,16 @@ class TimeoutJobFilterSerializer(serializers.Serializer):
 
 def _usable_topic(context: dict, value: str) -> str:
     """A topic the caller may use (``context["request"]``): staff all, others the ones they own
-    and the shared ones. Any other is unknown to them."""
+    (``topic_usable_by``). Any other is unknown to them."""
     usable = timeout_topics_for(context["request"].user)
     if value not in usable:
         raise serializers.ValidationError(f"Unknown topic; known: {sorted(usable)}")
     return value
+
+
+def _owner_id(request) -> int | None:
+    """The account a create is for: the caller, unless staff."""
+    return None if request.user.is_staff else request.user.pk
 
 
 def _job_visible(request, job: TimeoutJob) -> TimeoutJob:
@@ -256,7 +261,9 @@ class TimeoutJobListCreateApi(APIView):
     def post(self, request):
         data = TimeoutJobInputSerializer(data=request.data, context={"request": request})
         data.is_valid(raise_exception=True)
-        job, created = services.timeout_job_ensure(**data.validated_data)
+        job, created = services.timeout_job_ensure(
+            **data.validated_data, owner_id=_owner_id(request)
+        )
         return Response(
             TimeoutJobOutputSerializer(job).data,
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
@@ -345,7 +352,7 @@ class TimeoutJobBulkApi(APIView):
             if not data.is_valid():  # a bad job is named by its place: "jobs.3.action_time"
                 raise serializers.ValidationError(flat_errors(data.errors))
             jobs = data.validated_data["jobs"]
-        results = services.timeout_jobs_bulk_create(jobs)
+        results = services.timeout_jobs_bulk_create(jobs, owner_id=_owner_id(request))
         created = sum(1 for _, made in results if made)
         # The output serializer's shape, written directly (it is the schema's; running it over
         # 10,000 jobs would cost more than creating them).

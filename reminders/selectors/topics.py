@@ -84,10 +84,13 @@ def timeout_topic_spec(name: str) -> TimeoutTopicSpec | None:
 
 
 def topic_usable_by(spec: TimeoutTopicSpec, user) -> bool:
-    """Staff use every topic; a topic with an owner is used by that user or group only; one
-    without is shared by every caller allowed to manage timeouts."""
-    if user.is_staff or not spec.owned:
+    """Staff use every topic; a topic with an owner is used by that user or group only. One
+    without (the ones in settings unless they name an owner) is staff's alone: a topic is never
+    shared by every tenant, whose jobs and attributes would all be open to each other."""
+    if user.is_staff:
         return True
+    if not spec.owned:
+        return False
     if spec.owner_user_id is not None and spec.owner_user_id == user.pk:
         return True
     return spec.owner_group_id is not None and user.groups.filter(pk=spec.owner_group_id).exists()

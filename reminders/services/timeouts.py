@@ -70,10 +70,12 @@ def timeout_job_create(
     action_time: datetime,
     attribute: dict[str, Any] | None = None,
     recurrence: str = "",
+    owner_id: int | None = None,
 ) -> TimeoutJob:
     """Create a pending job and schedule it once the row commits; ``TimeoutJobConflict`` when one
     is pending for the same (topic, biz_type, biz_id). ``recurrence``: an RRULE or a cron
-    expression (``reminders.recurrence``): the series starts at ``action_time``."""
+    expression (``reminders.recurrence``): the series starts at ``action_time``. ``owner_id``:
+    the account it is created for (its fair key counts within it: ``slot_basis``)."""
     spec = _spec_or_error(topic)
     _check_recurrence(recurrence)
     job = TimeoutJob(
@@ -84,7 +86,7 @@ def timeout_job_create(
         attribute=attribute or {},
         recurrence=recurrence,
         series_start=action_time if recurrence else None,
-        slot=slot_for(slot_basis(spec, biz_type, biz_id, attribute), spec.slots),
+        slot=slot_for(slot_basis(spec, biz_type, biz_id, attribute, owner_id=owner_id), spec.slots),
         traceparent=tracing.current_traceparent(),
     )
     try:
@@ -118,15 +120,16 @@ def timeout_job_ensure(
     action_time: datetime,
     attribute: dict[str, Any] | None = None,
     recurrence: str = "",
+    owner_id: int | None = None,
 ) -> tuple[TimeoutJob, bool]:
     """The idempotent create: ``(job, True)`` for a new one, or ``(the pending job, False)``
     when (topic, biz_type, biz_id) has one already (left as it is: a retried request must not
-    move it)."""
+    move it). ``owner_id``: the account it is created for (None: staff and code)."""
     for _ in range(3):  # the pending job fired or was cancelled in between: try again
         try:
             job = timeout_job_create(topic=topic, biz_type=biz_type, biz_id=biz_id,
                                      action_time=action_time, attribute=attribute,
-                                     recurrence=recurrence)  # fmt: skip
+                                     recurrence=recurrence, owner_id=owner_id)  # fmt: skip
             return job, True
         except TimeoutJobConflict:
             existing = timeout_job_pending_by_key(topic=topic, biz_type=biz_type, biz_id=biz_id)
@@ -154,7 +157,7 @@ class BulkJob(NamedTuple):
 
 
 def timeout_jobs_bulk_create(
-    jobs: list[dict[str, Any]],
+    jobs: list[dict[str, Any]], *, owner_id: int | None = None
 ) -> list[tuple[BulkJob | TimeoutJob, bool]]:
     """Create up to ``BULK_MAX`` jobs in one transaction, indexed in Redis once it commits.
 
@@ -162,7 +165,8 @@ def timeout_jobs_bulk_create(
     (``created`` False). The same key twice in one request is a ValidationError; a create racing
     this one on the same key rolls the whole request back (``TimeoutJobConflict``; retry it).
     Returns ``(job, created)`` in the order given: a ``BulkJob`` for a new one, the pending
-    ``TimeoutJob`` for an existing one.
+    ``TimeoutJob`` for an existing one. ``owner_id``: the account they are created for (None:
+    staff and code).
     """
     if len(jobs) > BULK_MAX:
         raise ValidationError({"jobs": [f"At most {BULK_MAX:,} jobs per request."]})
@@ -182,7 +186,7 @@ def timeout_jobs_bulk_create(
         fresh = [j for j, key in zip(jobs, keys, strict=True) if key not in existing]
         try:
             with transaction.atomic():
-                new = _insert_jobs(fresh, specs)
+                new = _insert_jobs(fresh, specs, owner_id)
         except IntegrityError as exc:
             raise TimeoutJobConflict(
                 message="Another request created a job for one of these keys meanwhile; retry."
@@ -197,7 +201,7 @@ _INSERT_COLUMNS = ("topic", "biz_type", "biz_id", "status", "action_time", "attr
                    "gmt_modified", "traceparent")  # fmt: skip
 
 
-def _insert_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
+def _insert_jobs(jobs: list[dict[str, Any]], specs: dict, owner_id: int | None) -> list[BulkJob]:
     """The rows in as few statements as the database allows: on PostgreSQL the ids from the
     sequence in one query and the rows in one ``COPY``; elsewhere a multi-row ``INSERT ...
     RETURNING`` per chunk. (The ORM's bulk_create spends more time preparing 10,000 rows than
@@ -205,7 +209,7 @@ def _insert_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
     if not jobs:
         return []
     if connection.vendor == "postgresql":
-        return _copy_jobs(jobs, specs)
+        return _copy_jobs(jobs, specs, owner_id)
     adapt = connection.ops.adapt_datetimefield_value  # db_time, looked up once for 10,000 rows
     now = adapt(timezone.now())
     traced = tracing.current_traceparent()  # the request's, for every job it makes
@@ -213,7 +217,9 @@ def _insert_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
     for j in jobs:
         spec, attribute = specs[j["topic"]], j.get("attribute") or {}
         at, rule = j["action_time"], j.get("recurrence") or ""
-        slot = slot_for(slot_basis(spec, j["biz_type"], j["biz_id"], attribute), spec.slots)
+        slot = slot_for(
+            slot_basis(spec, j["biz_type"], j["biz_id"], attribute, owner_id=owner_id), spec.slots
+        )
         rows.append((j["topic"], j["biz_type"], j["biz_id"], Status.PENDING, adapt(at),
                      json.dumps(attribute), slot, 0, "", rule, adapt(at) if rule else None,
                      now, now, traced))  # fmt: skip
@@ -234,7 +240,7 @@ def _insert_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
     return [job._replace(job_id=ids[(job.topic, job.biz_type, job.biz_id)]) for job in made]
 
 
-def _copy_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
+def _copy_jobs(jobs: list[dict[str, Any]], specs: dict, owner_id: int | None) -> list[BulkJob]:
     table = TimeoutJob._meta.db_table
     now = timezone.now().isoformat()
     traced = tracing.current_traceparent()  # the request's, for every job it makes
@@ -248,7 +254,10 @@ def _copy_jobs(jobs: list[dict[str, Any]], specs: dict) -> list[BulkJob]:
         for pk, j in zip(ids, jobs, strict=True):
             spec, attribute = specs[j["topic"]], j.get("attribute") or {}
             at, rule = j["action_time"], j.get("recurrence") or ""
-            slot = slot_for(slot_basis(spec, j["biz_type"], j["biz_id"], attribute), spec.slots)
+            slot = slot_for(
+                slot_basis(spec, j["biz_type"], j["biz_id"], attribute, owner_id=owner_id),
+                spec.slots,
+            )
             when = at.isoformat()
             fields = (str(pk), _copy_text(j["topic"]), _copy_text(j["biz_type"]),
                       _copy_text(j["biz_id"]), str(Status.PENDING), when,
@@ -414,7 +423,7 @@ def timeout_jobs_next_occurrences(fired: list[TimeoutJob]) -> list[TimeoutJob]:
             topic=job.topic, biz_type=job.biz_type, biz_id=job.biz_id, action_time=at,
             attribute=job.attribute, recurrence=job.recurrence,
             series_start=job.series_start or job.action_time,
-            slot=slot_for(slot_basis(spec, job.biz_type, job.biz_id, job.attribute), spec.slots),
+            slot=job.slot & (spec.slots - 1),  # its series' slot (the creator's fair key)
         )  # fmt: skip
         try:
             with transaction.atomic():

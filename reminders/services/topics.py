@@ -1,6 +1,13 @@
 """Generic timeout topics kept as data (``TimeoutTopic``): the one way to write them, for the
 admin and the staff API alike. Workers pick a change up within ``selectors.topics.TOPICS_TTL_S``
 (new topics, pauses, slot counts: the engine moves a topic's jobs to a new layout, losing none).
+
+A job names its topic, not its topic's owner, so a topic's jobs live and die with it: a topic is
+deleted only once none of its jobs is pending or running, and its other jobs (fired, cancelled,
+dead: their attributes and history) go with it, from the database and from Redis. A new topic
+never takes a name that still has jobs: finished ones left behind (a delete cut short) are
+purged first, live ones refuse the name until staff cancel them. Otherwise a topic made later
+under the name, for another owner, would show that owner the old jobs.
 """
 
 from __future__ import annotations
@@ -11,10 +18,13 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from couponcenter.core.errors import BusinessError
+from reminders.engine import queue
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.selectors.topics import timeout_topics_changed
 
 LIVE = (TimeoutJob.Status.PENDING, TimeoutJob.Status.RUNNING)
+# Jobs of a deleted topic removed per transaction (and per pipelined Redis cancel).
+PURGE_CHUNK = 2000
 
 
 class TopicInUse(BusinessError):
@@ -28,6 +38,8 @@ def timeout_topic_save(*, topic: TimeoutTopic, **changes: Any) -> TimeoutTopic:
     for field, value in changes.items():
         setattr(topic, field, value)
     topic.full_clean()
+    if topic.pk is None:
+        _clear_name(topic.name)
     with transaction.atomic():
         topic.save()
         transaction.on_commit(timeout_topics_changed)
@@ -35,12 +47,58 @@ def timeout_topic_save(*, topic: TimeoutTopic, **changes: Any) -> TimeoutTopic:
     return topic
 
 
-def timeout_topic_delete(*, topic: TimeoutTopic) -> None:
-    """Delete a topic with no pending or running job (``TopicInUse`` otherwise: pause it)."""
-    live = TimeoutJob.objects.filter(topic=topic.name, status__in=LIVE).count()
-    if live:
-        raise TopicInUse(
-            message=f"{live} jobs of {topic.name} are pending or running: pause it instead"
-        )
-    topic.delete()
+def timeout_topic_delete(*, topic: TimeoutTopic) -> int:
+    """Delete a topic with no pending or running job (``TopicInUse`` otherwise: pause it, or
+    cancel them), and every other job it has had; returns how many jobs went with it."""
+    with transaction.atomic():
+        TimeoutTopic.objects.select_for_update().filter(pk=topic.pk).first()  # one delete at once
+        live = TimeoutJob.objects.filter(topic=topic.name, status__in=LIVE).count()
+        if live:
+            raise TopicInUse(
+                message=f"{_jobs(live)} of {topic.name} still pending or running: pause it "
+                "instead, or cancel them first"
+            )
+        topic.delete()
+        transaction.on_commit(timeout_topics_changed)
     timeout_topics_changed()
+    return _purge_finished(topic.name)
+
+
+def _clear_name(name: str) -> None:
+    """Make ``name`` free for a new topic: ``ValidationError`` while jobs of it are live."""
+    live = TimeoutJob.objects.filter(topic=name, status__in=LIVE).count()
+    if live:
+        raise ValidationError(
+            {"name": f"{_jobs(live)} of an earlier topic named {name} still pending or "
+             "running: cancel them before the name is used again"}
+        )  # fmt: skip
+    _purge_finished(name)
+
+
+def _purge_finished(name: str) -> int:
+    """Delete the jobs of ``name`` that are not live, a chunk per transaction, and their Redis
+    entries (a dead job's, or one a settle left behind) once each chunk commits."""
+    purged, last_pk = 0, 0
+    while True:
+        with transaction.atomic():
+            chunk = list(
+                TimeoutJob.objects.filter(topic=name, pk__gt=last_pk)
+                .exclude(status__in=LIVE)
+                .order_by("pk")
+                .values_list("pk", "slot")[:PURGE_CHUNK]
+            )
+            if not chunk:
+                return purged
+            TimeoutJob.objects.filter(pk__in=[pk for pk, _ in chunk]).exclude(
+                status__in=LIVE
+            ).delete()
+            entries = [(str(pk), slot) for pk, slot in chunk]
+            transaction.on_commit(lambda entries=entries: queue.cancel_many(name, entries))
+        purged += len(chunk)
+        last_pk = chunk[-1][0]
+        if len(chunk) < PURGE_CHUNK:
+            return purged
+
+
+def _jobs(count: int) -> str:
+    return f"{count} job" if count == 1 else f"{count} jobs"

@@ -115,24 +115,27 @@ def test_the_development_key_is_flagged_by_the_deploy_check():
         ({"NOTIFY_WEBHOOK_URL": "https://hooks.example.com/n"}, "NOTIFY_WEBHOOK_SECRET is empty"),
         ({"NOTIFY_WEBHOOK_URL": "https://hooks.example.com/n", "NOTIFY_WEBHOOK_SECRET": "x" * 31},
          "NOTIFY_WEBHOOK_SECRET has 31 bytes"),
+        ({"NOTIFY_WEBHOOK_URL": "https://hooks.example.com/n", "NOTIFY_WEBHOOK_SECRET": "k" * 32},
+         "NOTIFY_WEBHOOK_SECRET is guessable"),
         ({"TIMEOUT_TOPICS_JSON": '{"pay.close": {"type": "http", "url": "https://pay.example.com"}}'},
          "TIMEOUT_TOPICS['pay.close'] secret is empty"),
     ],
 )  # fmt: skip
 def test_a_short_signing_secret_refuses_to_start(extra, named):
-    """An empty or short key lets anyone forge a signed webhook: no process starts with one."""
+    """An empty, short or guessable key lets anyone forge a signed webhook: no process starts
+    with one."""
     for command in (("check", "--deploy"), ("run_reminder_worker", "--once")):
         done = manage(*command, env=production_env(**extra))
         assert done.returncode != 0, command
         assert named in done.stderr, (command, done.stderr[-2000:])
 
 
-def test_a_32_byte_secret_passes_the_deploy_check():
+def test_a_random_32_byte_secret_passes_the_deploy_check():
     env = production_env(
         NOTIFY_WEBHOOK_URL="https://hooks.example.com/n",
-        NOTIFY_WEBHOOK_SECRET="k" * 32,
+        NOTIFY_WEBHOOK_SECRET="9c1d92454df7a6654660befabadb36fd",  # secrets.token_hex(16)
         TIMEOUT_TOPICS_JSON='{"pay.close": {"type": "http", "url": "https://pay.example.com", '
-        '"secret": "' + "s" * 32 + '"}}',
+        '"secret": "cYNxB7-FCVlfiaLhE7ga5weS3Scq4B-d3xAY1Tlml8Q"}}',
     )
     done = manage("check", "--deploy", "--fail-level", "WARNING", env=env)
     assert done.returncode == 0, done.stdout + done.stderr

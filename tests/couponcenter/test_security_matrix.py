@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from couponcenter.core.webhooks import OutboundCallFailed, check_target, post_signed
 from reminders.engine import topics as engine_topics
+from reminders.gateways import WebhookGateway
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.runtime.worker import build_worker
 from reminders.selectors.topics import settings_topic_specs
@@ -184,6 +185,29 @@ def test_a_guessable_secret_is_refused(surface, secret, settings):
         }
         with pytest.raises(ImproperlyConfigured, match="32 bytes"):
             settings_topic_specs()
+
+
+@pytest.mark.parametrize("secret", ["x" * 40, "abcd" * 10, "abcdefghijklmnopqrstuvwxyzABCDEF"])
+@pytest.mark.parametrize("surface", ["topic API", "settings topic", "webhook gateway"])
+def test_a_long_but_guessable_secret_is_refused(surface, secret, settings):
+    if surface == "topic API":
+        client = Client(HTTP_AUTHORIZATION=f"Token {api_user(staff=True)[1]}")
+        body = {"name": "sec.secret", "type": "http", "target": "https://hooks.example.com/x",
+                "secret": secret}  # fmt: skip
+        refused = client.post("/api/timeout-topics/", body, content_type="application/json")
+        assert refused.status_code == 400
+        assert "guessable" in " ".join(refused.json()["errors"]["secret"])
+        assert not TimeoutTopic.objects.filter(name="sec.secret").exists()
+    elif surface == "settings topic":
+        settings.TIMEOUT_TOPICS = {
+            "sec.settings": {"type": "http", "secret": secret, "url": "https://hooks.example.com/x"}
+        }
+        with pytest.raises(ImproperlyConfigured, match="guessable"):
+            settings_topic_specs()
+    else:
+        settings.NOTIFY_WEBHOOK_SECRET = secret
+        with pytest.raises(ValueError, match="guessable"):
+            WebhookGateway(url="https://hooks.example.com/hook")
 
 
 # --- parsers and live settings --------------------------------------------------------------------

@@ -28,7 +28,7 @@ def gateway_without_target(reminder_settings, settings):
 
     def configure(**extra):
         settings.NOTIFY_WEBHOOK_URL = "https://hooks.example.test/notify"
-        settings.NOTIFY_WEBHOOK_SECRET = "s" * 32
+        settings.NOTIFY_WEBHOOK_SECRET = "delivery-test-secret-of-32-bytes-at-least"
         reminder_settings.change(slots=1, gateway="webhook", backoff_ms=60_000, **extra)
         assert reminder_settings_get(fresh=True).gateway == "webhook"  # this process runs it
         settings.NOTIFY_WEBHOOK_URL = ""  # the environment changed under a running service

@@ -14,8 +14,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from reminders.engine import queue
+from reminders.engine import topics as engine_topics
 from reminders.engine.keys import slot_for
-from reminders.models import TimeoutJob
+from reminders.models import TimeoutJob, TimeoutTopic
+from reminders.services import timeout_topic_save
 from tests.support.factories import api_user
 
 pytestmark = pytest.mark.django_db
@@ -245,15 +247,22 @@ def test_linked_end_user_account_is_forbidden(post):
     assert TimeoutJob.objects.get().status == TimeoutJob.Status.PENDING
 
 
-def test_manage_timeouts_permission_is_enough(post, django_capture_on_commit_callbacks):
-    service = client_with(api_user(perms=["reminders.manage_timeouts"])[1])
-    response = post(client=service)
+def test_manage_timeouts_permission_is_enough_on_a_topic_of_its_own(
+    post, django_capture_on_commit_callbacks
+):
+    user, token = api_user(perms=["reminders.manage_timeouts"])
+    service = client_with(token)
+    timeout_topic_save(topic=TimeoutTopic(name="svc.close"), type="log", owner_user=user)
+    assert post(client=service).status_code == 400  # the settings topic has no owner: staff's
+    response = post(client=service, topic="svc.close")
     assert response.status_code == 201
     job_id = response.data["job_id"]
     assert service.get(detail(job_id)).status_code == 200
     with django_capture_on_commit_callbacks(execute=True):
         assert service.delete(detail(job_id)).status_code == 200
-    assert redis_backlog() == {}
+    assert redis_backlog("svc.close") == {}
+    assert not TimeoutJob.objects.filter(topic=TOPIC).exists()
+    engine_topics.unregister_topic("svc.close")
 
 
 def test_past_action_time_is_accepted_and_due_now(post):

@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from couponcenter.core.webhooks import address_refused, post_signed
+from couponcenter.core.webhooks import address_refused, post_signed, secret_problem
 
-SECRET = "s" * 32
+SECRET = "webhook-test-secret-of-thirty-two-bytes"
 
 
 class Server:
@@ -103,6 +103,36 @@ def test_a_short_secret_signs_nothing(secret):
     # Refused before any connection is made: the target need not exist.
     with pytest.raises(ValueError, match="at least 32 bytes"):
         post_signed("https://hooks.example.invalid/x", b"{}", secret=secret, idempotency_key="k")
+
+
+# Long enough, but each one guessed in far fewer tries than 32 random bytes would take.
+GUESSABLE = {
+    "one character": "x" * 40,
+    "few characters": "abcd" * 10,
+    "a repeated unit": "q8Zr2mXw" * 5 + "q8",
+    "a run": "abcdefghijklmnopqrstuvwxyzABCDEF",
+    "a repeated run": "0123456789abcdef" * 2,
+}
+
+
+@pytest.mark.parametrize("secret", GUESSABLE.values(), ids=GUESSABLE.keys())
+def test_a_long_but_guessable_secret_signs_nothing(secret):
+    problem = secret_problem(secret, what="the secret")
+    assert problem is not None and problem.startswith("the secret is guessable")
+    with pytest.raises(ValueError, match="guessable"):
+        post_signed("https://hooks.example.invalid/x", b"{}", secret=secret, idempotency_key="k")
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "9c1d92454df7a6654660befabadb36fd",  # secrets.token_hex(16)
+        "cYNxB7-FCVlfiaLhE7ga5weS3Scq4B-d3xAY1Tlml8Q",  # secrets.token_urlsafe(32)
+        "a-signing-phrase-of-at-least-thirty-two-bytes",
+    ],
+)
+def test_a_random_or_long_phrase_secret_is_sound(secret):
+    assert secret_problem(secret, what="the secret") is None
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])

@@ -70,7 +70,7 @@ def test_an_unknown_section_is_a_400(staff):
 
 def test_the_webhook_gateway_is_accepted_once_it_has_a_target(staff, settings):
     settings.NOTIFY_WEBHOOK_URL = "https://hooks.example.test/notify"
-    settings.NOTIFY_WEBHOOK_SECRET = "s" * 32
+    settings.NOTIFY_WEBHOOK_SECRET = "config-test-secret-of-32-bytes-at-least"
     response = staff.patch("/api/ops/config/", {"reminder": {"gateway": "webhook"}}, format="json")
     assert response.status_code == 200, response.content
     assert reminder_settings_get(fresh=True).gateway == "webhook"

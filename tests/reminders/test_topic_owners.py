@@ -16,7 +16,11 @@ from rest_framework.test import APIClient
 
 from reminders.engine import keys, queue, scripts
 from reminders.engine import topics as engine_topics
+from reminders.engine.scripts import Claimed
+from reminders.handlers import timeout_jobs
+from reminders.handlers.executors import Fired
 from reminders.models import TimeoutJob, TimeoutTopic
+from reminders.selectors.topics import timeout_topic_spec
 from reminders.services import timeout_topic_save
 from tests.support.factories import api_user
 
@@ -260,3 +264,20 @@ def test_a_fair_key_value_lands_in_a_slot_of_the_callers_own(django_capture_on_c
     )
     assert bulk.status_code == 201
     assert TimeoutJob.objects.get(biz_id="4").slot == TimeoutJob.objects.get(biz_id="3").slot
+
+
+def test_a_recurring_jobs_next_occurrence_keeps_its_creators_fair_slot(
+    django_capture_on_commit_callbacks,
+):
+    capture = django_capture_on_commit_callbacks
+    owner, owner_client = _client()
+    _topic("shop.daily", owner_user=owner, slots=1024, fair_key="attribute.tenant")
+    body = _body("shop.daily", attribute={"tenant": "acme"}, recurrence="FREQ=DAILY;COUNT=3")
+    first = TimeoutJob.objects.get(pk=_post(owner_client, capture, body).json()["job_id"])
+    spec = timeout_topic_spec("shop.daily")
+    [taken], _ = timeout_jobs._take({first.pk: Claimed(str(first.pk), 0, 1)})
+    with capture(execute=True):
+        assert timeout_jobs.settle_fired(spec, [Fired(first.slot, taken, 1, None, 0)])["acked"]
+
+    successor = TimeoutJob.objects.get(topic="shop.daily", status=Status.PENDING)
+    assert successor.pk != first.pk and successor.slot == first.slot

@@ -33,6 +33,22 @@ def _env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+def _env_int(name: str, default: int, low: int, high: int) -> int:
+    """A whole number within ``low..high``; anything else stops the process with its bounds."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if not low <= number <= high:
+        raise ImproperlyConfigured(
+            f"{name} must be a whole number within {low}..{high}, got {value!r}"
+        )
+    return number
+
+
 # Off unless switched on: `make run`, `make test` and the test suite set DEBUG=1. The development
 # key carries Django's "django-insecure-" prefix, so `check --deploy` flags it (security.W009).
 DEV_SECRET_KEY = "django-insecure-coupon-center-development-key-do-not-use-in-production"
@@ -316,7 +332,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "plain": {
+            "()": "couponcenter.core.logging.PlainFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
         "json": {"()": "couponcenter.core.logging.JsonFormatter"},
     },
     "filters": {"as_warning": {"()": "couponcenter.core.logging.AsWarning"}},
@@ -355,6 +374,12 @@ WEBHOOK_ALLOW_HTTP = _env_bool("WEBHOOK_ALLOW_HTTP", DEBUG)
 # and tests only; checked on the address actually connected to.
 WEBHOOK_ALLOW_PRIVATE = _env_bool("WEBHOOK_ALLOW_PRIVATE", DEBUG)
 WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "5"))
+# A timeout job's attribute (reminders.attributes): objects nested at most this deep, and at most
+# this many bytes of JSON. The depth keeps every later recursive walk of it (the database
+# adapter's encoder, the API's renderer, a webhook body) far from Python's recursion limit; the
+# byte bound is the hard ceiling under any per-owner quota.
+TIMEOUT_ATTRIBUTE_MAX_DEPTH = _env_int("TIMEOUT_ATTRIBUTE_MAX_DEPTH", 32, 1, 100)
+TIMEOUT_ATTRIBUTE_MAX_BYTES = _env_int("TIMEOUT_ATTRIBUTE_MAX_BYTES", 16_000, 2, 1_000_000)
 WORKER_LEASE_MS = int(os.environ.get("WORKER_LEASE_MS", "5000"))
 # An inbox delivery waits at most this long for a subscription row another session holds (one
 # that died idle in a transaction): then it fails and is retried, instead of waiting forever.

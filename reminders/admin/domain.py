@@ -4,14 +4,17 @@ searches that use an index, and no filter that lists a big related table."""
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
 from couponcenter.core.admin import EstimatedCountPaginator, exact_id
 from couponcenter.core.errors import BusinessError
 from couponcenter.core.humanize import when
+from reminders import attributes
 from reminders.engine import queue
 from reminders.models import Notification, ReminderSubscription, TimeoutJob
+from reminders.selectors import timeout_job_attribute_text
 from reminders.selectors.queues import ms_to_datetime
 from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
 from reminders.services import timeout_job_cancel, timeout_job_ensure, timeout_job_reschedule
@@ -19,12 +22,45 @@ from reminders.services.dead_letters import dead_letters_requeue
 
 # Jobs one "cancel" action handles (one conditional UPDATE and one Redis call each).
 CANCEL_CAP = 1000
+# A job's change page shows this much of its attribute's stored JSON text.
+ATTRIBUTE_SHOWN_CHARS = 4000
+
+
+class _AttributeFormField(forms.JSONField):
+    """Django's field, with text nested past the decoder's recursion refused as bad input (it
+    catches only ``JSONDecodeError``); what decodes is then checked by ``attributes.check``."""
+
+    def to_python(self, value):
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError("Nested too deeply.", code="invalid") from None
+
+    def bound_data(self, data, initial):
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return forms.fields.InvalidJSONInput(data)
+
+    def prepare_value(self, value):
+        # A lone surrogate (refused, shown again in the form) as its JSON escape: the page must
+        # still encode as UTF-8.
+        return super().prepare_value(value).encode("utf-8", "backslashreplace").decode()
 
 
 class TimeoutJobForm(forms.ModelForm):
     class Meta:
         model = TimeoutJob
         fields = ["topic", "biz_type", "biz_id", "action_time", "attribute"]
+        field_classes = {"attribute": _AttributeFormField}
+
+    def clean_attribute(self):
+        value = self.cleaned_data["attribute"]
+        try:
+            attributes.check(value)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return value
 
     def clean_topic(self):
         topic = self.cleaned_data["topic"]
@@ -70,15 +106,35 @@ class TimeoutJobAdmin(admin.ModelAdmin):
         if obj is None:
             return self.ENGINE_FIELDS
         fixed = [*self.ENGINE_FIELDS, *self.DETAIL_FIELDS, "topic", "biz_type", "biz_id",
-                 "attribute"]  # fmt: skip
+                 "stored_attribute"]  # fmt: skip
         if obj.status != TimeoutJob.Status.PENDING:  # fired, firing or cancelled: history
             fixed.append("action_time")
         return fixed
 
     def get_fields(self, request, obj=None):
-        detail = self.DETAIL_FIELDS if obj is not None else []
-        return ["topic", "biz_type", "biz_id", "action_time", "attribute", *self.ENGINE_FIELDS,
-                *detail]  # fmt: skip
+        if obj is None:
+            return ["topic", "biz_type", "biz_id", "action_time", "attribute", *self.ENGINE_FIELDS]
+        return ["topic", "biz_type", "biz_id", "action_time", "stored_attribute",
+                *self.ENGINE_FIELDS, *self.DETAIL_FIELDS]  # fmt: skip
+
+    def get_object(self, request, object_id, from_field=None):
+        """The job without its attribute decoded: the change page shows the attribute's stored
+        text (``stored_attribute``), so it opens even for a value nested too deep to decode."""
+        if from_field is not None:
+            return super().get_object(request, object_id, from_field)
+        try:
+            pk = TimeoutJob._meta.pk.to_python(object_id)
+            return self.get_queryset(request).defer("attribute").get(pk=pk)
+        except (TimeoutJob.DoesNotExist, ValidationError, ValueError):
+            return None
+
+    @admin.display(description="Attribute")
+    def stored_attribute(self, obj):
+        head, chars = timeout_job_attribute_text(job_id=obj.pk, max_chars=ATTRIBUTE_SHOWN_CHARS)
+        if chars > len(head):
+            return format_html('<pre id="tj-attribute">{}…</pre>the first {} of {} characters',
+                               head, len(head), chars)  # fmt: skip
+        return format_html('<pre id="tj-attribute">{}</pre>', head)
 
     @admin.display(description="Place in Redis")
     def place_in_redis(self, obj):

@@ -1,7 +1,6 @@
 """Generic timeout jobs: create (one, idempotent, or in bulk), list, and read, cancel or move one
 by its ``job_id`` or by its business key (topic, biz_type, biz_id)."""
 
-import json
 from datetime import UTC, datetime
 
 from django.shortcuts import get_object_or_404
@@ -16,12 +15,11 @@ from couponcenter.core.api.errors import conflict_serializer, error_responses, f
 from couponcenter.core.api.fields import AwareDateTimeField
 from couponcenter.core.api.pagination import NewestFirstCursor
 from couponcenter.core.time import EARLIEST_TIME, LATEST_TIME
-from reminders import recurrence, selectors, services
+from reminders import attributes, recurrence, selectors, services
 from reminders.models import TimeoutJob
 from reminders.selectors.topics import timeout_topic_spec, timeout_topics_for, topic_usable_by
 from reminders.services.timeouts import BULK_MAX
 
-ATTRIBUTE_MAX_CHARS = 16_000
 # One component per set of 409 codes, shared by every operation that answers it.
 DUPLICATE = conflict_serializer("TimeoutJobConflict", ["duplicate"])
 NOT_PENDING = conflict_serializer("TimeoutJobCancelConflict", ["not_pending"])
@@ -62,12 +60,25 @@ class TimeoutJobOutputSerializer(serializers.ModelSerializer):
         ]  # fmt: skip
 
 
+class _AttributeField(serializers.JSONField):
+    """The job's attribute, checked (``attributes.check``) before anything walks it recursively:
+    DRF's own field first encodes the value to prove it is JSON, which a body nested deep enough
+    turns into a ``RecursionError`` (a parsed body is always JSON)."""
+
+    def to_internal_value(self, data):
+        try:
+            attributes.check(data)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return data
+
+
 class TimeoutJobInputSerializer(serializers.Serializer):
     topic = serializers.CharField(max_length=64)
     biz_type = serializers.CharField(max_length=64)
     biz_id = serializers.CharField(max_length=128)
     action_time = AwareDateTimeField()
-    attribute = serializers.JSONField(required=False, default=dict)
+    attribute = _AttributeField(required=False, default=dict)
     recurrence = serializers.CharField(
         max_length=recurrence.MAX_CHARS, required=False, default="", allow_blank=True,
         help_text="Repeat: an RRULE (`FREQ=DAILY;BYHOUR=9;COUNT=30`) or a cron expression "
@@ -84,15 +95,6 @@ class TimeoutJobInputSerializer(serializers.Serializer):
                 recurrence.check(value)
             except ValueError as exc:
                 raise serializers.ValidationError(f"Invalid: {exc}.") from None
-        return value
-
-    def validate_attribute(self, value):
-        if not isinstance(value, dict):
-            raise serializers.ValidationError("Must be a JSON object.")
-        if len(json.dumps(value)) > ATTRIBUTE_MAX_CHARS:
-            raise serializers.ValidationError("Too large (16 kB of JSON at most).")
-        if _has_nul(value):  # PostgreSQL's jsonb cannot store U+0000
-            raise serializers.ValidationError("Must not contain NUL (U+0000) characters.")
         return value
 
 
@@ -162,9 +164,7 @@ def _plainly_valid_jobs(data, usable: set[str]) -> list[dict] | None:
         if at.tzinfo is None or not EARLIEST_TIME <= at < LATEST_TIME:
             return None
         attribute = job.get("attribute", {})
-        if type(attribute) is not dict or (
-            attribute and (len(json.dumps(attribute)) > ATTRIBUTE_MAX_CHARS or _has_nul(attribute))
-        ):
+        if type(attribute) is not dict or (attribute and not _attribute_valid(attribute)):
             return None
         rule = job.get("recurrence", "")
         if type(rule) is not str or rule != rule.strip() or len(rule) > recurrence.MAX_CHARS:
@@ -190,6 +190,14 @@ def _plain(value: str) -> bool:
     return True
 
 
+def _attribute_valid(attribute: dict) -> bool:
+    try:
+        attributes.check(attribute)
+    except ValueError:
+        return False
+    return True
+
+
 def _rule_valid(rule: str) -> bool:
     try:
         recurrence.check(rule)
@@ -201,21 +209,6 @@ def _rule_valid(rule: str) -> bool:
 def _utc_text(moment: datetime) -> str:
     """As DRF's DateTimeField writes it under ``TIME_ZONE = "UTC"``."""
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def _has_nul(value) -> bool:
-    """Iterative, so a deeply nested object cannot exhaust the stack."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str) and "\x00" in item:
-            return True
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
 
 
 CREATE_EXAMPLE = OpenApiExample(

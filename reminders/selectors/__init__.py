@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.db.models import TextField
+from django.db.models.functions import Cast, Left, Length
 from django.utils import timezone
 
 from couponcenter.core.live_settings import LiveSettingsReader
@@ -26,6 +28,16 @@ def reminder_settings_forget() -> None:
 
 def timeout_job_get(*, job_id: int) -> TimeoutJob:
     return TimeoutJob.objects.get(pk=job_id)
+
+
+def timeout_job_attribute_text(*, job_id: int, max_chars: int) -> tuple[str, int]:
+    """The job's attribute as its stored JSON text, at most ``max_chars`` of it, and the length of
+    the whole text. Never decoded: a stored value nested deeper than Python's decoder can recurse
+    is read too."""
+    text = Cast("attribute", TextField())
+    return (
+        TimeoutJob.objects.filter(pk=job_id).values_list(Left(text, max_chars), Length(text)).get()
+    )
 
 
 def timeout_job_by_key(*, topic: str, biz_type: str, biz_id: str) -> TimeoutJob | None:

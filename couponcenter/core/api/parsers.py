@@ -1,15 +1,68 @@
 """JSON parsing that turns every malformed body into a 400, never a 500."""
 
+from __future__ import annotations
+
+import io
+import re
+
 from rest_framework.exceptions import ParseError
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import JSONParser, get_encoding
+
+# A lone surrogate reaches the parsed data only through a ``\u`` escape (raw surrogate bytes are
+# not valid UTF-8 and fail decoding): a body without such an escape needs no walk.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class SafeJSONParser(JSONParser):
-    """DRF's parser, plus bodies nested deeper than the interpreter's recursion limit (a
-    ``RecursionError`` from ``json``, which DRF lets through as a server error)."""
+    """DRF's parser, plus:
+
+    - bodies nested deeper than the interpreter's recursion limit (a ``RecursionError`` from
+      ``json``, which DRF lets through as a server error);
+    - strings that are not valid Unicode: JSON lets ``"\\ud800"`` stand alone, but such a string
+      can be neither encoded as UTF-8 (for a response or a log line) nor stored by PostgreSQL.
+      Refused here, for every endpoint and every string of the body, keys included.
+    """
 
     def parse(self, stream, media_type=None, parser_context=None):
+        raw = stream.read()
         try:
-            return super().parse(stream, media_type, parser_context)
+            data = super().parse(io.BytesIO(raw), media_type, parser_context)
         except RecursionError as exc:
             raise ParseError("JSON parse error - the body is nested too deeply.") from exc
+        utf8 = get_encoding(parser_context or {}).lower().replace("-", "") == "utf8"
+        if not utf8 or _SURROGATE_ESCAPE.search(raw):
+            where = _lone_surrogate_at(data)
+            if where is not None:
+                raise ParseError(f"JSON parse error - not valid Unicode: {where}.")
+        return data
+
+
+def _lone_surrogate_at(data: object) -> str | None:
+    """Where the first string with a lone surrogate is (``"a lone surrogate U+D800 in
+    jobs.1.attribute.note"``), or None. Iterative: the data may be nested as deep as ``json``
+    allowed."""
+    stack: list[tuple[object, str]] = [(data, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                inner = f"{path}.{_printable(key)}" if path else _printable(key)
+                if _SURROGATE.search(key):
+                    return _described(key, f"the key {inner}")
+                stack.append((value, inner))
+        elif isinstance(item, list):
+            stack.extend((value, f"{path}.{index}" if path else str(index))
+                         for index, value in enumerate(item))  # fmt: skip
+        elif isinstance(item, str) and _SURROGATE.search(item):
+            return _described(item, path or "the body")
+    return None
+
+
+def _described(text: str, where: str) -> str:
+    return f"a lone surrogate U+{ord(_SURROGATE.search(text).group()):04X} in {where}"
+
+
+def _printable(key: str) -> str:
+    """The key as it can be written in a message (a surrogate as its ``\\udXXX`` escape)."""
+    return key.encode("utf-8", "backslashreplace").decode()

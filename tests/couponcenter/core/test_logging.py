@@ -1,13 +1,18 @@
-"""``LOG_JSON=1``: every log line is one JSON object carrying the record's extra fields."""
+"""``LOG_JSON=1``: every log line is one JSON object carrying the record's extra fields. Plain text
+(the default): one record is one line, whatever the logged values hold."""
 
 from __future__ import annotations
 
 import json
 import logging
+import logging.config
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from django.conf import settings
 
 from couponcenter.core.logging import JsonFormatter
 
@@ -51,3 +56,84 @@ def test_log_json_configures_the_process():
     entry = next(e for e in lines if e["logger"] == "couponcenter.test")
     assert entry["message"] == "hello world"
     assert entry["user_id"] == 42 and entry["coupon"] == "c-1"
+
+
+# --- one record, one line: control characters escaped in the plain-text log ---------------------
+
+FORGED = "1\n2026-11-26 14:00:00,000 ERROR django.request Internal Server Error: /forged"
+
+
+def _plain_formatter() -> logging.Formatter:
+    """The plain formatter exactly as the project's logging configuration builds it."""
+    configurator = logging.config.DictConfigurator(settings.LOGGING)
+    return configurator.configure_formatter(dict(settings.LOGGING["formatters"]["plain"]))
+
+
+def _record(msg: str, args: tuple = (), exc_info=None) -> logging.LogRecord:
+    return logging.LogRecord("reminders.handlers.timeout_jobs", logging.INFO, __file__, 1, msg,
+                             args, exc_info)  # fmt: skip
+
+
+def test_a_newline_in_a_logged_value_stays_on_the_record_s_line():
+    line = _plain_formatter().format(_record("timeout fired: %s %s:%s", ("t", "order", FORGED)))
+    assert "\n" not in line
+    assert line.endswith(
+        "INFO reminders.handlers.timeout_jobs timeout fired: t order:1\\n2026-11-26 14:00:00,000 "
+        "ERROR django.request Internal Server Error: /forged"
+    )
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [("a\rb", "a\\rb"), ("a\tb", "a\\tb"), ("\x1b[31mred", "\\x1b[31mred"), ("a\x00b", "a\\x00b"),
+     ("a\x7fb", "a\\x7fb"), ("a\x85b", "a\\x85b"), ("a\u2028b", "a\\u2028b"),
+     ("a\u2029b", "a\\u2029b"), ("a\ud800b", "a\\ud800b"),
+     ("caf\u00e9 \U0001f600", "caf\u00e9 \U0001f600")],
+    ids=["CR", "tab", "ESC", "NUL", "DEL", "NEL", "LS", "PS", "lone surrogate", "printable"],
+)  # fmt: skip
+def test_every_control_character_is_escaped(value, shown):
+    line = _plain_formatter().format(_record("value %s", (value,)))
+    assert line.endswith(f" value {shown}")
+    assert len(line.splitlines()) == 1
+    line.encode()  # a lone surrogate would make the stream's encoder drop the record
+
+
+def test_a_traceback_travels_on_the_record_s_line():
+    try:
+        raise ValueError(f"bad biz_id {FORGED}")
+    except ValueError:
+        record = _record("firing %s failed", ("job 7",), sys.exc_info())
+    line = _plain_formatter().format(record)
+    assert "\n" not in line
+    assert "firing job 7 failed\\nTraceback (most recent call last):\\n" in line
+    assert "ValueError: bad biz_id 1\\n2026-11-26" in line
+
+
+def test_the_json_formatter_keeps_control_characters_inside_the_line():
+    record = _record("timeout fired: %s", (FORGED + "\r\u2028\ud800",))
+    record.biz_id = FORGED
+    line = JsonFormatter().format(record)
+    assert len(line.splitlines()) == 1
+    line.encode()
+    entry = json.loads(line)
+    assert entry["message"] == f"timeout fired: {FORGED}\r\u2028\ud800"
+    assert entry["biz_id"] == FORGED
+
+
+def test_a_process_logs_a_forged_line_as_one_record():
+    script = (
+        "import django, logging; django.setup(); "
+        "logging.getLogger('reminders.handlers.timeout_jobs').info("
+        f"'timeout fired: %s %s:%s', 't', 'order', {FORGED!r})"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "couponcenter.settings",
+           "PYTHONPATH": str(ROOT), "LOG_LEVEL": "INFO"}  # fmt: skip
+    env.pop("LOG_JSON", None)
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=True)  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if "forged" in line]
+    assert len(lines) == 1, done.stderr
+    assert " INFO reminders.handlers.timeout_jobs timeout fired: t order:1\\n2026" in lines[0]
+    assert not any(
+        line.startswith("2026-11-26 14:00:00,000 ERROR") for line in done.stderr.splitlines()
+    )

@@ -207,7 +207,10 @@ class Account(models.Model):
     end_user_id = models.BigIntegerField(null=True, blank=True, db_index=True)
 
     class Meta:
-        permissions = [("act_for_any_user", "Can act for any end user (service account)")]
+        permissions = [
+            ("act_for_any_user", "Can act for any end user (service account)"),
+            ("manage_accounts", "Can create and change API accounts and hand out their tokens"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.user} -> {self.end_user_id}"

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Permission
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
@@ -397,7 +397,8 @@ ACCOUNT_PERMISSIONS = {
 
 
 class AccountRefused(BusinessError):
-    """Codes: ``not_an_api_account`` (the username is a person's sign-in or staff)."""
+    """Codes: ``not_an_api_account`` (the username is a person's sign-in or staff);
+    ``account_exists`` (the username is taken and the caller did not ask to update it)."""
 
 
 def account_ensure(
@@ -427,10 +428,16 @@ def account_provision(
     act_for_any_user: bool = False,
     permissions: tuple[str, ...] | None = None,
     api_only: bool = False,
+    update: bool = True,
+    granted_by: AbstractBaseUser | None = None,
 ) -> tuple[AbstractBaseUser, str, bool]:
     """``account_ensure``, also saying whether the account is new. ``api_only``: refuse
     (``AccountRefused``) a username that belongs to staff or to a person who signs in with a
-    password, so the staff API cannot re-purpose a human's login."""
+    password, so the staff API cannot re-purpose a human's login. ``update=False``: refuse an
+    existing username (``account_exists``): its token is handed back and its link and
+    permissions replaced only when asked for. ``granted_by``: the caller must hold each
+    ``ACCOUNT_PERMISSIONS`` entry the account gets, or has when it is updated (whose token it
+    gets back), else ``PermissionDenied``. A refusal changes nothing."""
     wanted = set(permissions or ()) | ({"act_for_any_user"} if act_for_any_user else set())
     unknown = wanted - set(ACCOUNT_PERMISSIONS)
     if unknown:
@@ -449,6 +456,14 @@ def account_provision(
                 "not_an_api_account",
                 f"{username!r} is a person's sign-in or staff, not an API account.",
             )
+        if not created and not update:
+            raise AccountRefused(
+                "account_exists",
+                f"{username!r} exists: send update: true to change it and get its token.",
+            )
+        if granted_by is not None:
+            held = set() if created else set(account_permissions(user))
+            _account_grant_check(granted_by=granted_by, names=wanted | held)
         if created:
             user.set_unusable_password()
             user.save(update_fields=["password"])
@@ -464,6 +479,17 @@ def account_provision(
                 user.user_permissions.remove(permission)
         token, _ = Token.objects.get_or_create(user=user)
     return user, token.key, created
+
+
+def _account_grant_check(*, granted_by: AbstractBaseUser, names: set[str]) -> None:
+    # Handing out a token with a permission its maker lacks would be a way to gain it.
+    missing = sorted(
+        name for name in names if not granted_by.has_perm(".".join(ACCOUNT_PERMISSIONS[name]))
+    )
+    if missing:
+        raise PermissionDenied(
+            f"You may only hand out permissions you hold yourself; you lack: {missing}"
+        )
 
 
 def account_permissions(user: AbstractBaseUser) -> list[str]:

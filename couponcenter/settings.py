@@ -368,6 +368,15 @@ if os.environ.get("TIMEOUT_TOPICS_JSON"):
         TIMEOUT_TOPICS = json.loads(os.environ["TIMEOUT_TOPICS_JSON"])
     except ValueError as exc:
         raise ImproperlyConfigured(f"TIMEOUT_TOPICS_JSON is not valid JSON: {exc}") from exc
+# The functions a callable topic kept as data (the admin, /api/timeout-topics/) may call: dotted
+# paths, comma-separated; any other target is refused, whoever asks. Empty: no callable topic as
+# data. Topics in TIMEOUT_TOPICS are the operator's own and name any function.
+TIMEOUT_CALLABLE_TARGETS = _env_list("TIMEOUT_CALLABLE_TARGETS", "")
+for _target in TIMEOUT_CALLABLE_TARGETS:
+    if not all(part.isidentifier() for part in _target.split(".")) or "." not in _target:
+        raise ImproperlyConfigured(
+            f"TIMEOUT_CALLABLE_TARGETS: {_target!r} is not a dotted path (module.function)"
+        )
 # The http topic type refuses plain-HTTP targets unless this is on (tests, local receivers).
 WEBHOOK_ALLOW_HTTP = _env_bool("WEBHOOK_ALLOW_HTTP", DEBUG)
 # Outbound calls to private, loopback and link-local addresses (DESIGN.md section 7): development

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.utils.crypto import salted_hmac
 
 from couponcenter.core.webhooks import secret_problem
@@ -76,6 +77,17 @@ def spec_problems(spec: TimeoutTopicSpec, *, secret_what: str = "the secret") ->
     elif spec.type in ("celery", "callable") and not spec.target:
         what = "task name" if spec.type == "celery" else "dotted path"
         problems["target"] = f"a {spec.type} topic needs its {what}"
+    elif (
+        spec.type == "callable"
+        and spec.read_only is False
+        and spec.path not in settings.TIMEOUT_CALLABLE_TARGETS
+    ):
+        # A topic kept as data names its function from the admin or the API: only the
+        # operator's list may be called, never any importable function.
+        problems["target"] = (
+            f"{spec.path!r} is not in settings.TIMEOUT_CALLABLE_TARGETS, the functions a "
+            "callable topic may call"
+        )
     least = VISIBILITY_CALLS * spec.timeout_ms
     if spec.type == "http" and spec.visibility_ms < least:
         problems["visibility_ms"] = (

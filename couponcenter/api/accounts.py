@@ -1,7 +1,10 @@
-"""``/api/accounts/``: staff create API accounts and hand out their tokens.
+"""``/api/accounts/``: staff with ``couponcenter.manage_accounts`` create API accounts and hand
+out their tokens.
 
 An end user's app signs in with an account linked to that user (``user_id``); a backend service
 uses one with ``act_for_any_user``; a team calling the timeout center needs ``manage_timeouts``.
+A caller hands out only the permissions it holds itself, and an existing account is changed (and
+its token handed back) only when the request says ``update``.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ from rest_framework.views import APIView
 
 from couponcenter import services
 from couponcenter.core.api.errors import conflict_serializer, error_responses
-from couponcenter.core.api.permissions import IsStaff
+from couponcenter.core.api.permissions import staff_permissions
 
 MAX_USER_ID = 10**18 - 1
 
 
 class AccountApi(APIView):
-    permission_classes = [IsStaff]
+    permission_classes = [staff_permissions(POST=("couponcenter.manage_accounts",))]
 
     class InputSerializer(serializers.Serializer):
         class Meta:
@@ -36,7 +39,13 @@ class AccountApi(APIView):
         permissions = serializers.ListField(
             child=serializers.ChoiceField(choices=sorted(services.ACCOUNT_PERMISSIONS)),
             required=False, default=list, max_length=len(services.ACCOUNT_PERMISSIONS),
-            help_text="What else the account may do; the account has exactly these afterwards.",
+            help_text="What else the account may do; the account has exactly these afterwards. "
+            "Only permissions the caller holds itself.",
+        )  # fmt: skip
+        update = serializers.BooleanField(
+            required=False, default=False,
+            help_text="Change an existing account (link and permissions) and get its token back. "
+            "Without it, an existing username is refused (409 account_exists).",
         )  # fmt: skip
 
         def validate(self, attrs: dict) -> dict:
@@ -57,17 +66,20 @@ class AccountApi(APIView):
 
     @extend_schema(
         operation_id="accounts_ensure",
-        summary="Create an API account (or update one) and get its token",
+        summary="Create an API account (or update one, when asked) and get its token",
         request=InputSerializer,
         responses={
             201: OutputSerializer,
             200: OutputSerializer,
-            409: conflict_serializer("AccountConflict", ["not_an_api_account"]),
+            409: conflict_serializer("AccountConflict", ["not_an_api_account", "account_exists"]),
             **error_responses(400, 403),
         },
-        description="Idempotent: the same username again keeps its token and gets the link and "
-        "permissions asked for (200). A username of staff or of a person who signs in with a "
-        "password is refused (409).",
+        description="Needs staff and the manage_accounts permission; the caller must hold every "
+        "permission it asks for (403 otherwise). A username that exists is refused (409 "
+        "`account_exists`) unless `update` is true: then the account keeps its token and gets "
+        "the link and permissions asked for (200), and the caller must also hold every "
+        "permission the account had. A username of staff or of a person who signs in with a "
+        "password is refused (409 `not_an_api_account`).",
         examples=[
             OpenApiExample(
                 "An end user's app",
@@ -87,7 +99,8 @@ class AccountApi(APIView):
         v = body.validated_data
         user, token, created = services.account_provision(
             username=v["username"], end_user_id=v.get("user_id"),
-            permissions=tuple(v["permissions"]), api_only=True,
+            permissions=tuple(v["permissions"]), api_only=True, update=v["update"],
+            granted_by=request.user,
         )  # fmt: skip
         out = {"username": user.username, "user_id": v.get("user_id"),
                "permissions": services.account_permissions(user), "token": token}  # fmt: skip

@@ -1,8 +1,12 @@
-"""``/api/ops/``: the console's data and actions for automation (staff only).
+"""``/api/ops/``: the console's data and actions for automation.
 
-Reads go through the apps' selectors (``reminders.selectors``, ``expiry.selectors``), writes through
-their services, exactly as the admin pages do: one view per operation, nested input and output
-serializers.
+Staff holding the model permissions of what each endpoint reads or writes, as the admin asks
+for the same data: dead letters (``reminders.DeadLetter``), expiry tasks and the live settings
+rows (``ReminderSettings``, ``ExpirySettings``).
+
+Reads go through the apps' selectors (``reminders.selectors``, ``expiry.selectors``), writes
+through their services, exactly as the admin pages do: one view per operation, nested input and
+output serializers.
 """
 
 from __future__ import annotations
@@ -11,13 +15,14 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from couponcenter.core.api.errors import error_responses
 from couponcenter.core.api.fields import IsoDurationModelSerializer
-from couponcenter.core.api.permissions import IsStaff
+from couponcenter.core.api.permissions import staff_permissions
 from couponcenter.ops import overview
 from expiry import selectors as expiry_selectors
 from expiry import services as expiry_services
@@ -28,6 +33,13 @@ from reminders.selectors import dead_letters, queues, reminder_settings_get
 from reminders.services import dead_letters as dead_letter_services
 
 DEAD_LIST_MAX = 1000
+VIEW_DEAD_LETTERS = "reminders.view_deadletter"
+CONFIG_VIEW = ("reminders.view_remindersettings", "expiry.view_expirysettings")
+# What changing each section of the live configuration needs.
+CONFIG_CHANGE = {
+    "reminder": "reminders.change_remindersettings",
+    "expiry": "expiry.change_expirysettings",
+}
 
 
 def _topic_field(**kwargs) -> serializers.CharField:
@@ -62,7 +74,8 @@ class WorkerSerializer(serializers.Serializer):
 
 
 class BacklogApi(APIView):
-    permission_classes = [IsStaff]
+    # The engine's queues (shown in the admin as dead letters) and the expiry tasks.
+    permission_classes = [staff_permissions(GET=(VIEW_DEAD_LETTERS, "expiry.view_expirytask"))]
 
     class FilterSerializer(_SlotCheck, serializers.Serializer):
         class Meta:
@@ -139,7 +152,7 @@ class DeadLetterSerializer(serializers.Serializer):
 
 
 class DeadLetterListApi(APIView):
-    permission_classes = [IsStaff]
+    permission_classes = [staff_permissions(GET=(VIEW_DEAD_LETTERS,))]
 
     class FilterSerializer(_SlotCheck, serializers.Serializer):
         class Meta:
@@ -184,7 +197,7 @@ class DeadLetterListApi(APIView):
 
 
 class DeadLetterRequeueApi(APIView):
-    permission_classes = [IsStaff]
+    permission_classes = [staff_permissions(POST=("reminders.change_deadletter",))]
 
     class InputSerializer(_SlotCheck, serializers.Serializer):
         class Meta:
@@ -278,7 +291,8 @@ CONFIG_BAD_REQUEST = OpenApiResponse(
 
 
 class ConfigApi(APIView):
-    permission_classes = [IsStaff]
+    # A PATCH also needs the change permission of each section it sends (``patch``).
+    permission_classes = [staff_permissions(GET=CONFIG_VIEW, PATCH=CONFIG_VIEW)]
 
     class OutputSerializer(serializers.Serializer):
         class Meta:
@@ -321,6 +335,14 @@ class ConfigApi(APIView):
     def patch(self, request: Request) -> Response:
         if not isinstance(request.data, dict):
             raise serializers.ValidationError({"non_field_errors": ["Send a JSON object."]})
+        user = request.user
+        sent = [perm for name, perm in CONFIG_CHANGE.items() if name in request.data]
+        # A body naming no section changes nothing, yet only someone who may change one sends it.
+        if not (user.has_perms(sent) if sent else any(map(user.has_perm, CONFIG_CHANGE.values()))):
+            raise PermissionDenied(
+                "Changing a section needs its permission: "
+                + ", ".join(f"{name}: {perm}" for name, perm in CONFIG_CHANGE.items())
+            )
         errors: dict = {
             name: ["Unknown section; known: reminder, expiry."]
             for name in request.data

@@ -69,13 +69,13 @@ class TimeoutTopicAdmin(admin.ModelAdmin):
         for topic in queryset:
             self.delete_model(request, topic)
 
-    @admin.action(description="Pause the selected topics")
+    @admin.action(description="Pause the selected topics", permissions=["change"])
     def pause(self, request, queryset):
         for topic in queryset:
             timeout_topic_save(topic=topic, paused=True)
         self.message_user(request, f"{queryset.count()} topics paused.")
 
-    @admin.action(description="Resume the selected topics")
+    @admin.action(description="Resume the selected topics", permissions=["change"])
     def resume(self, request, queryset):
         for topic in queryset:
             timeout_topic_save(topic=topic, paused=False)

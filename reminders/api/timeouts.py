@@ -28,15 +28,11 @@ NAME_OF_STATUS = {value: name for name, value in STATUS_NAMES.items()}
 
 
 class CanManageTimeouts(BasePermission):
-    message = "Timeout jobs need staff or the manage_timeouts permission."
+    message = "Timeout jobs need the manage_timeouts permission."
 
     def has_permission(self, request, view) -> bool:
         user = request.user
-        return bool(
-            user
-            and user.is_authenticated
-            and (user.is_staff or user.has_perm("reminders.manage_timeouts"))
-        )
+        return bool(user and user.is_authenticated and user.has_perm("reminders.manage_timeouts"))
 
 
 class _StatusName(serializers.ChoiceField):

@@ -1,5 +1,7 @@
-"""``/api/timeout-topics/``: generic timeout topics kept as data (staff only). Workers pick a
-change up while they run; topics from ``settings.TIMEOUT_TOPICS`` are listed, read-only."""
+"""``/api/timeout-topics/``: generic timeout topics kept as data, for staff holding the
+``TimeoutTopic`` model permission of the operation (view, add, change, delete), as in the admin.
+Workers pick a change up while they run; topics from ``settings.TIMEOUT_TOPICS`` are listed,
+read-only."""
 
 from __future__ import annotations
 
@@ -13,11 +15,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from couponcenter.core.api.errors import conflict_serializer, error_responses
-from couponcenter.core.api.permissions import IsStaff
+from couponcenter.core.api.permissions import staff_permissions
 from reminders import services
 from reminders.models import TimeoutTopic
 from reminders.selectors.topics import TimeoutTopicSpec, timeout_topic_specs
 
+VIEW = "reminders.view_timeouttopic"
 IN_USE = conflict_serializer("TimeoutTopicInUse", ["topic_in_use"])
 FIELDS = ["name", "type", "target", "secret", "allow_http", "slots", "max_attempts",
           "backoff_base_ms", "backoff_cap_ms", "visibility_ms", "concurrency", "timeout_ms",
@@ -93,7 +96,7 @@ EXAMPLE = OpenApiExample(
 
 
 class TopicListApi(APIView):
-    permission_classes = [IsStaff]
+    permission_classes = [staff_permissions(GET=(VIEW,), POST=("reminders.add_timeouttopic",))]
 
     @extend_schema(responses={200: TopicOutputSerializer(many=True), **error_responses(403)})
     def get(self, request):
@@ -130,7 +133,13 @@ def _row(name: str) -> TimeoutTopic:
 
 
 class TopicDetailApi(APIView):
-    permission_classes = [IsStaff]
+    permission_classes = [
+        staff_permissions(
+            GET=(VIEW,),
+            PATCH=("reminders.change_timeouttopic",),
+            DELETE=("reminders.delete_timeouttopic",),
+        )
+    ]
 
     @extend_schema(responses={200: TopicOutputSerializer, **error_responses(403, 404)})
     def get(self, request, name: str):

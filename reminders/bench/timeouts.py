@@ -236,8 +236,10 @@ def _drop_slow_jobs() -> None:
 
 def bench_api(*, bulk_jobs: int, cancels: int, progress: Progress) -> dict[str, Any]:
     timeout_topic_save(topic=TimeoutTopic(name=API_TOPIC), type="log", paused=True, slots=16)
-    user, token = coupon_services.account_ensure(username=BENCH_ACCOUNT)
-    user.is_staff = True
+    user, token = coupon_services.account_ensure(
+        username=BENCH_ACCOUNT, permissions=("manage_timeouts",)
+    )
+    user.is_staff = True  # staff use every topic, the bench's unowned one included
     user.save(update_fields=["is_staff"])
     connection.close()
     gunicorn = Gunicorn(workers=2, worker_class="gthread", threads=4, env=server_env())

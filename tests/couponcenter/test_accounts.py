@@ -42,12 +42,12 @@ def test_an_end_user_account_acts_for_its_user_only(staff):
     assert not user.has_usable_password() and not user.is_staff
 
 
-def test_again_keeps_the_token_and_sets_exactly_the_permissions_asked(staff):
+def test_an_update_keeps_the_token_and_sets_exactly_the_permissions_asked(staff):
     first = staff.post("/api/accounts/", {"username": "orders-svc",
                                           "permissions": ["manage_timeouts"]}).json()  # fmt: skip
     service = _client(first["token"])
     assert service.get("/api/timeouts/").status_code == 200
-    again = staff.post("/api/accounts/", {"username": "orders-svc",
+    again = staff.post("/api/accounts/", {"username": "orders-svc", "update": True,
                                           "permissions": ["manage_coupons"]})  # fmt: skip
     assert again.status_code == 200
     assert again.json()["token"] == first["token"]
@@ -89,12 +89,51 @@ def test_a_persons_sign_in_or_staff_is_never_taken_over(staff):
     assert not Account.objects.filter(user__username__in=["alice", admin.username]).exists()
 
 
-def test_only_staff_may_make_accounts():
+def test_only_staff_with_manage_accounts_may_make_accounts():
     linked = _client(api_user(end_user_id=1)[1])
     service = _client(api_user(perms=["couponcenter.act_for_any_user"])[1])
-    for client in (_client(), linked, service):
+    bare_staff = _client(api_user(staff=True, staff_perms=())[1])
+    viewer = _client(api_user(staff=True, staff_perms="view")[1])
+    not_staff = _client(api_user(perms=["couponcenter.manage_accounts"])[1])
+    for client in (_client(), linked, service, bare_staff, viewer, not_staff):
         assert client.post("/api/accounts/", {"username": "x"}).status_code in (401, 403)
     assert not get_user_model().objects.filter(username="x").exists()
+
+
+def test_an_existing_username_is_refused_without_update_and_its_token_never_shown(staff):
+    first = staff.post("/api/accounts/", {"username": "tenant-a",
+                                          "permissions": ["manage_timeouts"]}).json()  # fmt: skip
+    again = staff.post("/api/accounts/", {"username": "tenant-a", "user_id": 9})
+    assert again.status_code == 409 and again.json()["code"] == "account_exists"
+    assert first["token"] not in again.content.decode()
+    user = get_user_model().objects.get(username="tenant-a")
+    assert user.coupon_account.end_user_id is None
+    assert user.has_perm("reminders.manage_timeouts")  # kept
+    assert _client(first["token"]).get("/api/timeouts/").status_code == 200
+
+
+def _account_manager(*perms: str) -> APIClient:
+    """Staff allowed to make accounts, holding ``perms`` besides."""
+    return _client(api_user(staff=True, staff_perms=("couponcenter.manage_accounts", *perms))[1])
+
+
+def test_an_account_gets_no_permission_its_maker_does_not_hold(staff):
+    maker = _account_manager("couponcenter.manage_coupons")
+    refused = maker.post("/api/accounts/", {"username": "svc-any",
+                                            "permissions": ["act_for_any_user"]})  # fmt: skip
+    assert refused.status_code == 403
+    assert not get_user_model().objects.filter(username="svc-any").exists()
+    made = maker.post("/api/accounts/", {"username": "svc-coupons",
+                                         "permissions": ["manage_coupons"]})  # fmt: skip
+    assert made.status_code == 201 and made.json()["permissions"] == ["manage_coupons"]
+    # An account holding more than the maker: neither changed nor its token shown.
+    strong = staff.post("/api/accounts/", {"username": "svc-strong",
+                                           "permissions": ["act_for_any_user"]}).json()  # fmt: skip
+    update = {"username": "svc-strong", "update": True, "permissions": []}
+    taken = maker.post("/api/accounts/", update, format="json")
+    assert taken.status_code == 403 and strong["token"] not in taken.content.decode()
+    user = get_user_model().objects.get(username="svc-strong")
+    assert user.has_perm("couponcenter.act_for_any_user")
 
 
 def test_the_command_prints_a_working_token():

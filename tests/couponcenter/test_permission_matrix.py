@@ -29,17 +29,22 @@ pytestmark = pytest.mark.django_db
 ME, OTHER = 601, 602
 OK, NO_AUTH, DENIED = "OK", 401, 403
 
-ROLES = ("anonymous", "linked_own", "linked_other", "service", "manager", "staff")
+ROLES = ("anonymous", "linked_own", "linked_other", "service", "manager", "bare_staff",
+         "staff_viewer", "staff")  # fmt: skip
 
 # Rows: (method, path template) -> cells in the order of ROLES.
 # linked_own / linked_other: an account linked to end user ME, acting for ME / for OTHER (the
 # two differ only where the path names a user); service: act_for_any_user; manager:
-# manage_coupons; staff: is_staff.
-ANYONE = (OK,) * 6
-SIGNED_IN = (NO_AUTH, OK, OK, OK, OK, OK)
-MANAGERS = (NO_AUTH, DENIED, DENIED, DENIED, OK, OK)
-STAFF_ONLY = (NO_AUTH, DENIED, DENIED, DENIED, DENIED, OK)
-FOR_THE_USER = (NO_AUTH, OK, DENIED, OK, DENIED, OK)
+# manage_coupons; bare_staff: is_staff and no permission; staff_viewer: is_staff and the view_
+# permissions of the project's apps; staff: is_staff and every permission of the project's apps.
+# Being staff grants nothing by itself: each staff endpoint checks the model permission of what
+# it reads (view_) or writes (add_, change_, delete_, or the API's own permission).
+ANYONE = (OK,) * 8
+SIGNED_IN = (NO_AUTH, OK, OK, OK, OK, OK, OK, OK)
+MANAGERS = (NO_AUTH, DENIED, DENIED, DENIED, OK, DENIED, DENIED, OK)
+STAFF_READS = (NO_AUTH, DENIED, DENIED, DENIED, DENIED, DENIED, OK, OK)
+STAFF_WRITES = (NO_AUTH, DENIED, DENIED, DENIED, DENIED, DENIED, DENIED, OK)
+FOR_THE_USER = (NO_AUTH, OK, DENIED, OK, DENIED, DENIED, DENIED, OK)
 
 TABLE: dict[tuple[str, str], tuple] = {
     ("POST", "/api/auth/token/"): ANYONE,
@@ -48,25 +53,26 @@ TABLE: dict[tuple[str, str], tuple] = {
     ("GET", "/api/coupons/{coupon_id}/"): SIGNED_IN,
     ("PATCH", "/api/coupons/{coupon_id}/"): MANAGERS,
     ("POST", "/api/coupons/{coupon_id}/cancel/"): MANAGERS,
-    ("GET", "/api/ops/backlog/"): STAFF_ONLY,
-    ("GET", "/api/ops/config/"): STAFF_ONLY,
-    ("PATCH", "/api/ops/config/"): STAFF_ONLY,
-    ("GET", "/api/ops/dead-letters/"): STAFF_ONLY,
-    ("POST", "/api/ops/dead-letters/requeue/"): STAFF_ONLY,
-    ("GET", "/api/timeouts/"): STAFF_ONLY,
-    ("POST", "/api/timeouts/"): STAFF_ONLY,
-    ("POST", "/api/timeouts/bulk/"): STAFF_ONLY,
-    ("GET", "/api/timeouts/by-key/"): STAFF_ONLY,
-    ("DELETE", "/api/timeouts/by-key/"): STAFF_ONLY,
-    ("PATCH", "/api/timeouts/by-key/"): STAFF_ONLY,
-    ("GET", "/api/timeouts/{job_id}/"): STAFF_ONLY,
-    ("DELETE", "/api/timeouts/{job_id}/"): STAFF_ONLY,
-    ("POST", "/api/accounts/"): STAFF_ONLY,
-    ("GET", "/api/timeout-topics/"): STAFF_ONLY,
-    ("POST", "/api/timeout-topics/"): STAFF_ONLY,
-    ("GET", "/api/timeout-topics/{name}/"): STAFF_ONLY,
-    ("PATCH", "/api/timeout-topics/{name}/"): STAFF_ONLY,
-    ("DELETE", "/api/timeout-topics/{name}/"): STAFF_ONLY,
+    ("GET", "/api/ops/backlog/"): STAFF_READS,
+    ("GET", "/api/ops/config/"): STAFF_READS,
+    ("PATCH", "/api/ops/config/"): STAFF_WRITES,
+    ("GET", "/api/ops/dead-letters/"): STAFF_READS,
+    ("POST", "/api/ops/dead-letters/requeue/"): STAFF_WRITES,
+    # manage_timeouts: the timeout API's own permission (reads included), held by "staff" only.
+    ("GET", "/api/timeouts/"): STAFF_WRITES,
+    ("POST", "/api/timeouts/"): STAFF_WRITES,
+    ("POST", "/api/timeouts/bulk/"): STAFF_WRITES,
+    ("GET", "/api/timeouts/by-key/"): STAFF_WRITES,
+    ("DELETE", "/api/timeouts/by-key/"): STAFF_WRITES,
+    ("PATCH", "/api/timeouts/by-key/"): STAFF_WRITES,
+    ("GET", "/api/timeouts/{job_id}/"): STAFF_WRITES,
+    ("DELETE", "/api/timeouts/{job_id}/"): STAFF_WRITES,
+    ("POST", "/api/accounts/"): STAFF_WRITES,
+    ("GET", "/api/timeout-topics/"): STAFF_READS,
+    ("POST", "/api/timeout-topics/"): STAFF_WRITES,
+    ("GET", "/api/timeout-topics/{name}/"): STAFF_READS,
+    ("PATCH", "/api/timeout-topics/{name}/"): STAFF_WRITES,
+    ("DELETE", "/api/timeout-topics/{name}/"): STAFF_WRITES,
     ("GET", "/api/users/{user_id}/coupons/"): FOR_THE_USER,
     ("POST", "/api/users/{user_id}/coupons/"): FOR_THE_USER,
     ("POST", "/api/users/{user_id}/coupons/{user_coupon_id}/redeem/"): FOR_THE_USER,
@@ -104,6 +110,8 @@ def callers() -> dict[str, Client]:
         "linked_other": linked,
         "service": client_with(api_user(perms=["couponcenter.act_for_any_user"])[1]),
         "manager": client_with(api_user(perms=["couponcenter.manage_coupons"])[1]),
+        "bare_staff": client_with(api_user(staff=True, staff_perms=())[1]),
+        "staff_viewer": client_with(api_user(staff=True, staff_perms="view")[1]),
         "staff": client_with(api_user(staff=True)[1]),
     }
 

@@ -11,25 +11,31 @@ live in the tests named in each row's comment.
 | a guessable signing secret | outbound calls, topic rows, settings topics, check --deploy |
 | a body that exhausts the parser | every URL in the schema (test_api_fuzz_all) |
 | out-of-bounds live settings | the ops API, the admin (test_config_bounds) |
+| staff without the permission | every staff endpoint (test_permission_matrix, test_accounts) |
+| a callable outside the allow-list | topic API and admin, older rows (test_topic_permissions) |
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.test import Client
 from django.utils import timezone
+from rest_framework.authtoken.models import Token
 
+from couponcenter import services
 from couponcenter.core.webhooks import OutboundCallFailed, check_target, post_signed
+from couponcenter.models import Coupon
 from reminders.engine import topics as engine_topics
 from reminders.gateways import WebhookGateway
-from reminders.models import TimeoutJob, TimeoutTopic
+from reminders.models import ReminderSettings, TimeoutJob, TimeoutTopic
 from reminders.runtime.worker import build_worker
 from reminders.selectors.topics import settings_topic_specs
 from reminders.services import timeout_job_create, timeout_topic_save
@@ -39,6 +45,7 @@ from tests.support.factories import api_user
 pytestmark = pytest.mark.django_db
 SECRET = "a-sound-secret-of-at-least-thirty-two-bytes"
 NESTED = "[" * 200_000
+User = get_user_model()
 
 
 class Receiver:
@@ -238,3 +245,68 @@ def test_out_of_bounds_live_settings_are_a_400_and_change_nothing(body):
     response = client.patch("/api/ops/config/", json.dumps(body), content_type="application/json")
     assert response.status_code == 400, response.content
     assert client.get("/api/ops/config/").json() == before
+
+
+# --- staff permissions and callable targets -------------------------------------------------------
+
+
+def _none(model, **lookup) -> Callable[[], bool]:
+    return lambda: not model.objects.filter(**lookup).exists()
+
+
+def _reproduce(attack: str) -> tuple[str, str, dict, Callable[[], bool]]:
+    """The issue's reproduction of ``attack``: (method, url, body, "nothing changed" check)."""
+    if attack == "mint an all-powerful account":
+        every = ["act_for_any_user", "manage_coupons", "manage_timeouts"]
+        body = {"username": "sec-mint", "permissions": every}
+        return "post", "/api/accounts/", body, _none(User, username="sec-mint")
+    if attack == "take another tenant's token":
+        tenant, token, _ = services.account_provision(
+            username="sec-tenant", permissions=("manage_timeouts",), api_only=True
+        )
+
+        def kept() -> bool:
+            tenant_now = User.objects.get(pk=tenant.pk)
+            return tenant_now.has_perm("reminders.manage_timeouts") and (
+                Token.objects.get(user=tenant).key == token
+            )
+
+        return "post", "/api/accounts/", {"username": "sec-tenant"}, kept
+    if attack == "pause reminders":
+        body = {"reminder": {"paused": True}}
+        return "patch", "/api/ops/config/", body, _none(ReminderSettings, paused=True)
+    if attack == "create a coupon":
+        body = {
+            "name": "sec",
+            "claim_opens_at": "2031-01-01T00:00:00Z",
+            "total_stock": 5,
+            "valid_for": "P7D",
+        }
+        return "post", "/api/coupons/", body, _none(Coupon)
+    body = {"name": "sec.call", "type": "callable", "target": "builtins.print"}
+    return "post", "/api/timeout-topics/", body, _none(TimeoutTopic)
+
+
+@pytest.mark.parametrize("attack", ["mint an all-powerful account", "take another tenant's token",
+                                    "pause reminders", "create a coupon",
+                                    "create a callable topic"])  # fmt: skip
+def test_staff_without_permissions_is_refused_and_changes_nothing(attack):
+    _, token = api_user(staff=True, staff_perms=())
+    client = Client(HTTP_AUTHORIZATION=f"Token {token}", REMOTE_ADDR=unique_address())
+    method, url, body, unchanged = _reproduce(attack)
+    response = getattr(client, method)(url, json.dumps(body), content_type="application/json")
+    assert response.status_code == 403, response.content
+    assert "token" not in response.json()
+    assert unchanged()
+
+
+@pytest.mark.parametrize("target", ["builtins.print", "os.system"])
+def test_a_superuser_may_not_create_a_callable_topic_outside_the_allow_list(target, settings):
+    settings.TIMEOUT_CALLABLE_TARGETS = ["tests.reminders.test_timeouts_handlers.record_call"]
+    token = Token.objects.create(user=User.objects.create(username="sec-root", is_staff=True,
+                                                          is_superuser=True))  # fmt: skip
+    client = Client(HTTP_AUTHORIZATION=f"Token {token.key}", REMOTE_ADDR=unique_address())
+    body = {"name": "sec.call", "type": "callable", "target": target}
+    response = client.post("/api/timeout-topics/", body, content_type="application/json")
+    assert response.status_code == 400 and "target" in response.json()["errors"]
+    assert not TimeoutTopic.objects.exists()

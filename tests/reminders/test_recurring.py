@@ -153,8 +153,9 @@ def test_the_api_creates_and_shows_a_recurring_job():
 
 
 def test_the_admin_finds_jobs_by_business_key_and_requeues_dead_ones(
-    django_capture_on_commit_callbacks,
+    django_capture_on_commit_callbacks, settings
 ):
+    settings.TIMEOUT_CALLABLE_TARGETS = ["tests.reminders.test_timeouts_handlers.record_call"]
     failing = timeout_topic_save(
         topic=TimeoutTopic(name="t.failing"), type="callable", max_attempts=1,
         target="tests.reminders.test_timeouts_handlers.record_call",

@@ -50,12 +50,33 @@ class UserFactory(factory.django.DjangoModelFactory):
     password = factory.django.Password("correct-horse-battery")
 
 
-def api_user(*, end_user_id=None, staff=False, perms=()) -> tuple:
-    """A Django user with a token; returns (user, token key)."""
+PROJECT_APPS = ("couponcenter", "reminders", "expiry")
+
+
+def project_permissions(*, view_only: bool = False) -> list[str]:
+    """Every permission of the project's apps ("app_label.codename"), or their view_ ones."""
+    found = Permission.objects.filter(content_type__app_label__in=PROJECT_APPS)
+    if view_only:
+        found = found.filter(codename__startswith="view_")
+    return [
+        f"{p.content_type.app_label}.{p.codename}" for p in found.select_related("content_type")
+    ]
+
+
+def api_user(*, end_user_id=None, staff=False, perms=(), staff_perms="all") -> tuple:
+    """A Django user with a token; returns (user, token key).
+
+    ``staff``: a staff user who also holds ``staff_perms``, since every staff endpoint checks the
+    model permission of what it touches: ``"all"`` the permissions of the project's apps (an
+    operator who may do everything), ``"view"`` only their view_ ones, or a list (``()``: a bare
+    staff user, who may do nothing).
+    """
     user = UserFactory(is_staff=staff)
     if end_user_id is not None:
         Account.objects.create(user=user, end_user_id=end_user_id)
-    for codename in perms:
+    if staff and isinstance(staff_perms, str):
+        staff_perms = project_permissions(view_only=staff_perms == "view")
+    for codename in (*perms, *(staff_perms if staff else ())):
         app_label, code = codename.split(".")
         user.user_permissions.add(
             Permission.objects.get(content_type__app_label=app_label, codename=code)

@@ -24,15 +24,14 @@ from couponcenter.core import tracing  # noqa: E402
 exporter = InMemorySpanExporter()
 assert tracing.setup(exporter=exporter)
 
-from django.contrib.auth import get_user_model  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.utils import timezone  # noqa: E402
-from rest_framework.authtoken.models import Token  # noqa: E402
 
 from couponcenter import services as coupon_services  # noqa: E402
 from couponcenter.celery import app as celery_app  # noqa: E402
 from reminders.members import REMINDER_TOPIC  # noqa: E402
 from reminders.runtime.worker import build_worker  # noqa: E402
+from tests.support.factories import api_user  # noqa: E402
 
 
 def drain(topic: str) -> None:
@@ -45,8 +44,8 @@ def drain(topic: str) -> None:
 
 def main() -> None:
     celery_app.conf.CELERY_TASK_ALWAYS_EAGER = True
-    staff = get_user_model().objects.create(username="trace-probe", is_staff=True)
-    client = Client(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=staff).key}")
+    _, token = api_user(staff=True)
+    client = Client(HTTP_AUTHORIZATION=f"Token {token}")
     coupon = coupon_services.coupon_create(
         name="Traced", claim_opens_at=timezone.now() + timedelta(seconds=30), total_stock=10,
         valid_for=timedelta(days=1),

@@ -147,6 +147,43 @@ def test_config_patch_bad_input_is_400_with_field_errors_and_saves_nothing(
     assert not ExpirySettings.objects.exclude(batch_size=2000).exists()
 
 
+@pytest.mark.parametrize(
+    ("perms", "body"),
+    [
+        ((), {"reminder": {"paused": True}}),  # staff and nothing else
+        (("reminders.view_remindersettings", "expiry.view_expirysettings"),
+         {"reminder": {"paused": True}}),
+        (("reminders.view_remindersettings", "expiry.view_expirysettings",
+          "expiry.change_expirysettings"), {"reminder": {"paused": True}}),
+        (("reminders.view_remindersettings", "expiry.view_expirysettings",
+          "reminders.change_remindersettings"),
+         {"reminder": {"paused": True}, "expiry": {"batch_size": 10}}),
+    ],
+)  # fmt: skip
+def test_config_patch_needs_the_change_permission_of_each_section_sent(
+    reminder_settings, perms, body
+):
+    _, token = api_user(staff=True, staff_perms=perms)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    before = ReminderSettings.objects.get()
+    assert client.patch("/api/ops/config/", body, format="json").status_code == 403
+    after = ReminderSettings.objects.get()
+    assert (after.paused, after.version) == (before.paused, before.version)
+    assert not ExpirySettings.objects.filter(batch_size=10).exists()
+
+
+def test_config_patch_of_one_section_needs_only_its_change_permission(reminder_settings):
+    perms = ("reminders.view_remindersettings", "expiry.view_expirysettings",
+             "reminders.change_remindersettings")  # fmt: skip
+    _, token = api_user(staff=True, staff_perms=perms)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    paused = client.patch("/api/ops/config/", {"reminder": {"paused": True}}, format="json")
+    assert paused.status_code == 200, paused.content
+    assert ReminderSettings.objects.get().paused is True
+
+
 def test_ops_endpoints_are_in_the_schema(staff):
     schema = staff.get("/api/schema/", HTTP_ACCEPT="application/json").content.decode()
     for path in ("/api/ops/backlog/", "/api/ops/dead-letters/requeue/", "/api/ops/config/"):

@@ -85,6 +85,14 @@ def _power_of_two(value: int) -> None:
         raise ValidationError(f"{value} is not a power of two (1, 2, 4, 8, ...).")
 
 
+def _within_attribute_max(value: int) -> None:
+    if value > settings.TIMEOUT_ATTRIBUTE_MAX_BYTES:
+        raise ValidationError(
+            f"At most {settings.TIMEOUT_ATTRIBUTE_MAX_BYTES:,}, the service's hard limit "
+            "(TIMEOUT_ATTRIBUTE_MAX_BYTES)."
+        )
+
+
 class TimeoutTopic(models.Model):
     """A generic timeout topic kept as data: workers and the API pick up a new or changed row
     while they run (``selectors.topics``). Topics in ``settings.TIMEOUT_TOPICS`` are read-only
@@ -408,6 +416,31 @@ class ReminderSettings(LiveSettings):
         validators=[MaxValueValidator(86_400_000)],
         help_text="The console warns when the p99 lateness of the last 5 minutes is over this "
         "(ms).",
+    )
+    # Tenant quotas: each API account that is not staff ("owner"), checked when it creates
+    # timeout jobs (one or in bulk). Staff, and the services called from code, are not bounded.
+    quota_pending_per_topic = models.PositiveIntegerField(
+        "pending jobs per topic",
+        default=100_000,
+        validators=[MaxValueValidator(10_000_000)],
+        help_text="Most pending jobs a topic may hold when its owner creates more (0: no limit); "
+        "jobs that fired or were cancelled make room within seconds. The console lists topics "
+        "past 80 %.",
+    )
+    quota_creations_per_s = models.PositiveIntegerField(
+        "creations per second",
+        default=2_000,
+        validators=[MaxValueValidator(1_000_000)],
+        help_text="Jobs each owner may create per second, on average (0: no limit). A bulk larger "
+        "than a second's worth is admitted once the owner has created nothing for a while, "
+        "and the owner's next creations wait until it has drained.",
+    )
+    quota_attribute_bytes = models.PositiveIntegerField(
+        "attribute size (bytes)",
+        default=8_000,
+        validators=[_within_attribute_max],
+        help_text="Largest attribute an owner may give a job, in bytes of its JSON (0: only the "
+        "service's hard limit).",
     )
 
     class Meta:

@@ -28,6 +28,7 @@ from reminders.selectors.queues import (
     timeout_topic_rows,
     workers,
 )
+from reminders.selectors.quotas import quota_near_limit
 
 # The charts' ranges: (minutes shown, seconds per point).
 RANGES = {"5m": (5, 60), "1h": (60, 60), "24h": (24 * 60, 3600)}
@@ -87,6 +88,7 @@ def overview(chart_range: str = DEFAULT_RANGE) -> dict:
         "expiry": expiry,
         "warnings": warnings(data=data, p99_ms=p99, live=live),
         "lockouts": lockouts(),
+        "quota_near": quota_near_limit(live=live),
         "timeout_topics": timeout_topic_rows(data=data, series=series, at_ms=at_ms),
         "due_soon": due_soon(at_ms=at_ms),
         "due_soon_labels": [

@@ -25,6 +25,9 @@ class ReminderSettingsAdmin(admin.ModelAdmin):
                                  "max_delivery_queue"]}),
         ("Notification policy (article 002)", {"fields": ["push_cap_per_day", "over_cap"]}),
         ("Console warnings", {"fields": ["backlog_warning", "lateness_warning_ms"]}),
+        ("Tenant quotas (each API account that is not staff)",
+         {"fields": ["quota_pending_per_topic", "quota_creations_per_s",
+                     "quota_attribute_bytes"]}),
         ("Version", {"fields": ["version", "updated_at"]}),
     ]  # fmt: skip
 

@@ -11,7 +11,12 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from couponcenter.core.api.errors import conflict_serializer, error_responses, flat_errors
+from couponcenter.core.api.errors import (
+    OVER_QUOTA,
+    conflict_serializer,
+    error_responses,
+    flat_errors,
+)
 from couponcenter.core.api.fields import AwareDateTimeField
 from couponcenter.core.api.pagination import NewestFirstCursor
 from couponcenter.core.time import EARLIEST_TIME, LATEST_TIME
@@ -118,7 +123,7 @@ def _usable_topic(context: dict, value: str) -> str:
 
 
 def _owner_id(request) -> int | None:
-    """The account a create is for: the caller, unless staff."""
+    """The account a create is for (its fair key, its quotas): the caller, unless staff."""
     return None if request.user.is_staff else request.user.pk
 
 
@@ -244,6 +249,7 @@ class TimeoutJobListCreateApi(APIView):
                 description="A job was pending for this business key already: that job.",
             ),
             409: DUPLICATE,
+            429: OVER_QUOTA,
             **error_responses(400, 403),
         },
     )
@@ -331,6 +337,7 @@ class TimeoutJobBulkApi(APIView):
                 TimeoutJobBulkOutputSerializer, description="Every key had a pending job already."
             ),
             409: DUPLICATE,
+            429: OVER_QUOTA,
             **error_responses(400, 403),
         },
     )

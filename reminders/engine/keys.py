@@ -15,7 +15,8 @@ them all on a Redis Cluster (they live on one node)::
     <prefix>:{<topic>:<slot>}:fence    STRING counter, INCR'd for every new lease token
 
 Global keys have their own tags: the worker registry ``{<prefix>:workers}``, one key per singleton
-lease, the round-robin counter and the per-topic set of slot layouts (slot counts still in use).
+lease, the round-robin counter and the per-topic set of slot layouts (slot counts still in use);
+each quota owner's creations bucket and each topic's pending count is a key (and tag) of its own.
 
 The prefix is the one installed in ``connection`` (read at call time, so tests can give each test
 its own).
@@ -98,6 +99,22 @@ def layouts(topic: str) -> str:
 def rate_bucket(topic: str) -> str:
     """HASH: the topic's token bucket (``rate_take.lua``), shared by every worker."""
     return f"{prefix()}:rate:{topic}"
+
+
+def quota_bucket(owner: str) -> str:
+    """HASH: one owner's creations bucket (``quota_take.lua``), its own key and hash tag, so any
+    number of owners spread over a Redis Cluster."""
+    return f"{prefix()}:quota:{{{owner}}}"
+
+
+def quota_pending(topic: str) -> str:
+    """STRING: the topic's pending jobs as its quota counts them (``quota_pending.lua``)."""
+    return f"{prefix()}:quota-pending:{{{topic}}}"
+
+
+def quota_near() -> str:
+    """ZSET owner -> when (ms) its creations bucket last filled past the console's mark."""
+    return f"{prefix()}:quota-near"
 
 
 def epoch() -> str:

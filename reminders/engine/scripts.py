@@ -129,10 +129,12 @@ LEASE_RELEASE = LuaScript("lease_release")
 SINGLETON_HOLD = LuaScript("singleton_hold")
 WORKERS_PRUNE = LuaScript("workers_prune")
 RATE_TAKE = LuaScript("rate_take")
+QUOTA_TAKE = LuaScript("quota_take")
+QUOTA_PENDING = LuaScript("quota_pending")
 UNCLAIM = LuaScript("unclaim")
 ALL = (ENQUEUE, CANCEL, CLAIM_DUE, CLAIM_PARCEL, SETTLE_PARCEL, PROMOTE, ACK, NACK, REAP,
        REQUEUE_DEAD, PURGE_DEAD, LEASE_ACQUIRE, LEASE_RENEW, LEASE_RELEASE, SINGLETON_HOLD,
-       WORKERS_PRUNE, RATE_TAKE, UNCLAIM)  # fmt: skip
+       WORKERS_PRUNE, RATE_TAKE, QUOTA_TAKE, QUOTA_PENDING, UNCLAIM)  # fmt: skip
 
 
 def load_all(client: Client) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -25,12 +26,13 @@ from django.db.models import Q
 from django.utils import timezone
 
 from couponcenter.core import tracing
-from couponcenter.core.errors import BusinessError
+from couponcenter.core.errors import BusinessError, QuotaExceeded
 from reminders import recurrence
 from reminders.engine import queue
 from reminders.engine.keys import slot_for
 from reminders.models import TimeoutJob
 from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
+from reminders.services.quotas import quota_attributes_check, quota_creations_take
 from reminders.topic_specs import slot_basis
 
 REINDEX_CHUNK = 5000
@@ -124,7 +126,17 @@ def timeout_job_ensure(
 ) -> tuple[TimeoutJob, bool]:
     """The idempotent create: ``(job, True)`` for a new one, or ``(the pending job, False)``
     when (topic, biz_type, biz_id) has one already (left as it is: a retried request must not
-    move it). ``owner_id``: the account it is created for (None: staff and code)."""
+    move it). ``owner_id``: the account it is created for (None: staff and code), whose quotas
+    it counts against (``services.quotas``)."""
+    if owner_id is not None:
+        quota_attributes_check(by_field=[("attribute", attribute)])
+        try:
+            quota_creations_take(owner_id=owner_id, new_per_topic={topic: 1})
+        except QuotaExceeded:  # a retry of a create that made its job still gets that job
+            existing = timeout_job_pending_by_key(topic=topic, biz_type=biz_type, biz_id=biz_id)
+            if existing is None:
+                raise
+            return existing, False
     for _ in range(3):  # the pending job fired or was cancelled in between: try again
         try:
             job = timeout_job_create(topic=topic, biz_type=biz_type, biz_id=biz_id,
@@ -166,7 +178,8 @@ def timeout_jobs_bulk_create(
     this one on the same key rolls the whole request back (``TimeoutJobConflict``; retry it).
     Returns ``(job, created)`` in the order given: a ``BulkJob`` for a new one, the pending
     ``TimeoutJob`` for an existing one. ``owner_id``: the account they are created for (None:
-    staff and code).
+    staff and code), whose quotas they count against (``services.quotas``): over one, nothing
+    is created.
     """
     if len(jobs) > BULK_MAX:
         raise ValidationError({"jobs": [f"At most {BULK_MAX:,} jobs per request."]})
@@ -181,9 +194,17 @@ def timeout_jobs_bulk_create(
     specs = {topic: _spec_or_error(topic) for topic in {k[0] for k in keys}}
     for rule in {j.get("recurrence") or "" for j in jobs}:
         _check_recurrence(rule)
+    if owner_id is not None:
+        quota_attributes_check(
+            by_field=[(f"jobs.{i}.attribute", j.get("attribute")) for i, j in enumerate(jobs)]
+        )
     with transaction.atomic():
         existing = _pending_by_keys(keys)
         fresh = [j for j, key in zip(jobs, keys, strict=True) if key not in existing]
+        if owner_id is not None and fresh:
+            quota_creations_take(
+                owner_id=owner_id, new_per_topic=Counter(j["topic"] for j in fresh)
+            )
         try:
             with transaction.atomic():
                 new = _insert_jobs(fresh, specs, owner_id)

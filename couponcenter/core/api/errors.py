@@ -4,7 +4,8 @@
   a body that is not valid JSON (under ``non_field_errors``);
 - 409 ``{"code": "<reason>", "detail": "..."}`` for business refusals, with what a client needs to
   act on some of them (``opens_at`` for ``not_open``, ``closed_at`` for ``closed``);
-- 401/403/404/405/415/429 ``{"detail": "..."}``: DRF's own shape.
+- 401/403/404/405/415/429 ``{"detail": "..."}``: DRF's own shape; a quota's 429 adds
+  ``{"code": "quota_exceeded", "quota": "<setting>", "limit": n}`` and ``Retry-After`` (seconds).
 """
 
 from __future__ import annotations
@@ -24,13 +25,17 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from couponcenter.core.errors import BusinessError
+from couponcenter.core.errors import BusinessError, QuotaExceeded
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, BusinessError):
         body = {"code": exc.code, "detail": exc.message, **exc.extra}
         return Response(body, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, QuotaExceeded):
+        body = {"detail": exc.message, "code": exc.code, "quota": exc.quota, "limit": exc.limit}
+        headers = {"Retry-After": str(exc.retry_after_s)}
+        return Response(body, status=status.HTTP_429_TOO_MANY_REQUESTS, headers=headers)
     if isinstance(exc, DjangoValidationError):
         exc = ValidationError(_django_errors(exc))
     elif isinstance(exc, ParseError):
@@ -88,6 +93,13 @@ class DetailErrorSerializer(serializers.Serializer):
     detail = serializers.CharField()
 
 
+class QuotaErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    code = serializers.ChoiceField(choices=[QuotaExceeded.code])
+    quota = serializers.CharField(help_text="The live setting whose limit was reached.")
+    limit = serializers.IntegerField()
+
+
 def conflict_serializer(
     name: str, codes: list[str], **extra: serializers.Field
 ) -> serializers.Serializer:
@@ -105,6 +117,11 @@ UNAUTHENTICATED = OpenApiResponse(DetailErrorSerializer, description="No or inva
 FORBIDDEN = OpenApiResponse(DetailErrorSerializer, description="Not allowed for this caller.")
 NOT_FOUND = OpenApiResponse(DetailErrorSerializer, description="No such object (or page).")
 THROTTLED = OpenApiResponse(DetailErrorSerializer, description="Too many requests: slow down.")
+OVER_QUOTA = OpenApiResponse(
+    QuotaErrorSerializer,
+    description="Over a quota of the caller: nothing was created; try again after `Retry-After` "
+    "seconds.",
+)
 
 
 def error_responses(*codes: int) -> dict[int, OpenApiResponse]:

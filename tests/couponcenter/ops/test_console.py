@@ -68,7 +68,9 @@ def settings_form(row: ReminderSettings, **overrides) -> dict:
         "late_limit": "PT5M", "max_delivery_queue": row.max_delivery_queue,
         "backlog_warning": row.backlog_warning, "lateness_warning_ms": row.lateness_warning_ms,
         "prestage_ms": row.prestage_ms, "push_cap_per_day": row.push_cap_per_day,
-        "over_cap": row.over_cap,
+        "over_cap": row.over_cap, "quota_pending_per_topic": row.quota_pending_per_topic,
+        "quota_creations_per_s": row.quota_creations_per_s,
+        "quota_attribute_bytes": row.quota_attribute_bytes,
     }  # fmt: skip
     data.update(overrides)
     return data

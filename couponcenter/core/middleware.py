@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib.messages.middleware import MessageMiddleware
 from django.contrib.messages.storage import default_storage
 from django.http import HttpRequest, HttpResponseBase
 from django.utils.functional import SimpleLazyObject, empty
+
+from couponcenter.core.live_settings import as_of_now
+
+
+class LiveSettingsAsOfRequestMiddleware:
+    """Each request sees the live configuration as of its start (``live_settings.as_of_now``): a
+    change committed before it began, by whichever process, is never refused or missed."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        with as_of_now():
+            return self.get_response(request)
 
 
 class LazyMessageMiddleware(MessageMiddleware):

@@ -8,10 +8,11 @@ from django.db.models import TextField
 from django.db.models.functions import Cast, Left, Length
 from django.utils import timezone
 
-from couponcenter.core.live_settings import LiveSettingsReader
+from couponcenter.core.live_settings import LiveSettingsReader, Marker
 from reminders.models import Notification, ReminderSettings, ReminderSubscription, TimeoutJob
 
-# Workers read the settings every tick; the marker is checked at most this often per process.
+# Workers read the settings every tick; the marker is checked at most this often per process (a
+# request checks it once, after it began: ``couponcenter.core.live_settings``).
 SETTINGS_MAX_AGE_S = 0.5
 _settings = LiveSettingsReader(ReminderSettings, max_age_s=SETTINGS_MAX_AGE_S)
 
@@ -21,8 +22,14 @@ def reminder_settings_get(*, fresh: bool = False) -> ReminderSettings:
     return _settings.get(max_age_s=0 if fresh else None)
 
 
+def reminder_settings_marker() -> Marker:
+    """The change marker of the reminders' live configuration: the settings row and what follows
+    it (the timeout topics, ``selectors.topics``)."""
+    return _settings.marker()
+
+
 def reminder_settings_forget() -> None:
-    """Drop the cached row (after a save, so this process reads the new one at once)."""
+    """Drop the cached row (after a write, so this process reads the new one at once)."""
     _settings.clear()
 
 

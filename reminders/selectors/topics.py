@@ -3,9 +3,13 @@ runs, and the read-only ones in ``settings.TIMEOUT_TOPICS`` (which win a name cl
 
 ``coupon.reminder`` (and its high-priority twin) are built in (``reminders.members``); generic
 topics are usable through ``/api/timeouts/``. Every spec is validated by ``spec_problems``: the
-model's ``clean()`` refuses a bad row, and a bad settings entry stops the start. The rows are
-read at most every ``TOPICS_TTL_S`` per process (a worker picks up a change within that time),
-and at once after a write through ``services.topics`` in the same process.
+model's ``clean()`` refuses a bad row, and a bad settings entry stops the start.
+
+The rows follow the change marker of the reminders' live settings (``live_settings.MarkedCache``):
+every write through ``services.topics`` moves it in its own transaction, so a request checks it
+once and never refuses a topic committed before it began, whichever process wrote it; a worker
+picks a change up within ``selectors.SETTINGS_MAX_AGE_S``. The rows are read again only when the
+marker moved.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import logging
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from couponcenter.core.caching import TTLCache
+from couponcenter.core.live_settings import MarkedCache
+from reminders.models import TimeoutTopic
+from reminders.selectors import reminder_settings_marker
 from reminders.topic_specs import (
     SETTINGS_KEYS,
     TOPIC_TYPES,
@@ -27,7 +33,6 @@ from reminders.topic_specs import (
 __all__ = ["TOPIC_TYPES", "TimeoutTopicSpec", "spec_from_topic", "spec_problems"]
 
 logger = logging.getLogger(__name__)
-TOPICS_TTL_S = 1.0
 
 
 def settings_topic_specs() -> dict[str, TimeoutTopicSpec]:
@@ -47,33 +52,23 @@ def settings_topic_specs() -> dict[str, TimeoutTopicSpec]:
     return specs
 
 
-_rows: TTLCache[str, dict[str, TimeoutTopicSpec]] = TTLCache(TOPICS_TTL_S)
+def _load_rows() -> dict[str, TimeoutTopicSpec]:
+    specs = {}
+    for row in TimeoutTopic.objects.all():
+        spec = spec_from_topic(row)
+        problems = spec_problems(spec)
+        if problems:  # written behind the services' back: reported, not used
+            logger.error("timeout topic %s is invalid and ignored: %s", row.name, problems)
+            continue
+        specs[row.name] = spec
+    return specs
 
 
-def _row_specs() -> dict[str, TimeoutTopicSpec]:
-    def load() -> dict[str, TimeoutTopicSpec]:
-        from reminders.models import TimeoutTopic
-
-        specs = {}
-        for row in TimeoutTopic.objects.all():
-            spec = spec_from_topic(row)
-            problems = spec_problems(spec)
-            if problems:  # written behind the services' back: reported, not used
-                logger.error("timeout topic %s is invalid and ignored: %s", row.name, problems)
-                continue
-            specs[row.name] = spec
-        return specs
-
-    return _rows.get("rows", load)
-
-
-def timeout_topics_changed() -> None:
-    """Forget the cached rows (after a write in this process)."""
-    _rows.clear()
+_rows = MarkedCache(marker=reminder_settings_marker, load=_load_rows)
 
 
 def timeout_topic_specs() -> dict[str, TimeoutTopicSpec]:
-    specs = _row_specs()
+    specs = _rows.get()
     specs = {name: spec for name, spec in specs.items() if name not in settings.TIMEOUT_TOPICS}
     specs.update(settings_topic_specs())
     return dict(sorted(specs.items()))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from couponcenter.core.live_settings import live_settings_save
+from couponcenter.core.live_settings import live_settings_save, live_settings_touch
 from reminders import selectors
 from reminders.engine import queue
 from reminders.members import REMINDER_TOPICS
@@ -22,3 +22,10 @@ def reminder_settings_save(*, instance: ReminderSettings) -> ReminderSettings:
         )
     selectors.reminder_settings_forget()
     return instance
+
+
+def reminder_settings_touch() -> None:
+    """In the transaction of a write to the reminders' live configuration kept in other tables
+    (the timeout topics, ``selectors.topics``): moves the settings row's change marker with it,
+    so no process validates a request against what it kept from before."""
+    live_settings_touch(model=ReminderSettings)

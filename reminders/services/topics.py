@@ -1,6 +1,8 @@
 """Generic timeout topics kept as data (``TimeoutTopic``): the one way to write them, for the
-admin and the staff API alike. Workers pick a change up within ``selectors.topics.TOPICS_TTL_S``
-(new topics, pauses, slot counts: the engine moves a topic's jobs to a new layout, losing none).
+admin and the staff API alike. Each write moves the reminders' change marker in its own
+transaction (``services.config.reminder_settings_touch``): the next request sees it, whichever
+process serves it, and the workers pick it up within ``selectors.SETTINGS_MAX_AGE_S`` (new topics,
+pauses, slot counts: the engine moves a topic's jobs to a new layout, losing none).
 
 A job names its topic, not its topic's owner, so a topic's jobs live and die with it: a topic is
 deleted only once none of its jobs is pending or running, and its other jobs (fired, cancelled,
@@ -20,7 +22,8 @@ from django.db import transaction
 from couponcenter.core.errors import BusinessError
 from reminders.engine import queue
 from reminders.models import TimeoutJob, TimeoutTopic
-from reminders.selectors.topics import timeout_topics_changed
+from reminders.selectors import reminder_settings_forget
+from reminders.services.config import reminder_settings_touch
 
 LIVE = (TimeoutJob.Status.PENDING, TimeoutJob.Status.RUNNING)
 # Jobs of a deleted topic removed per transaction (and per pipelined Redis cancel).
@@ -42,8 +45,8 @@ def timeout_topic_save(*, topic: TimeoutTopic, **changes: Any) -> TimeoutTopic:
         _clear_name(topic.name)
     with transaction.atomic():
         topic.save()
-        transaction.on_commit(timeout_topics_changed)
-    timeout_topics_changed()
+        reminder_settings_touch()
+    reminder_settings_forget()  # this process reads it at once, in a request or not
     return topic
 
 
@@ -59,8 +62,8 @@ def timeout_topic_delete(*, topic: TimeoutTopic) -> int:
                 "instead, or cancel them first"
             )
         topic.delete()
-        transaction.on_commit(timeout_topics_changed)
-    timeout_topics_changed()
+        reminder_settings_touch()
+    reminder_settings_forget()
     return _purge_finished(topic.name)
 
 

@@ -1,4 +1,5 @@
-"""Real processes for end-to-end tests: a Celery worker and ``run_reminder_worker`` per test.
+"""Real processes for end-to-end tests: a Celery worker and ``run_reminder_worker`` per test, and
+gunicorn with several worker processes where a test needs the web side.
 
 Every test gets its own processes, wired to the pytest test database (committed rows only: the
 tests use ``transaction=True``), the test's Redis key prefix and its own Celery queue, so tests
@@ -19,21 +20,25 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import psutil
 import pytest
 from django.conf import settings
 
-from couponcenter.bench.http import database_url
+from couponcenter.bench.http import database_url, free_port
 from couponcenter.core.redis import build_client
 from reminders.engine import leases
 from tests.support.settings_rows import reminder_settings_row
 
 READY_TIMEOUT_S = 60
+# Several gunicorn workers each set Django up at once: on a loaded machine that takes a while.
+WEB_READY_TIMEOUT_S = 180
 STOP_TIMEOUT_S = 15
 LEASE_MS = 2000  # short leases: a killed worker's slots are taken over within 2 s
 
@@ -83,12 +88,12 @@ class Stack:
     env: dict[str, str]
     procs: list[Proc] = field(default_factory=list)
 
-    def _start(self, name: str, argv: list[str]) -> Proc:
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         log = self.log_dir / f"{name}-{len(self.procs)}.log"
         with open(log, "wb") as out:
             popen = subprocess.Popen(
                 argv,
-                env=self.env,
+                env=self.env if env is None else env,
                 cwd=settings.BASE_DIR,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -119,6 +124,32 @@ class Stack:
             self._wait(proc, lambda: proc.popen.pid in {w.pid for w in leases.list_workers()})
         return proc
 
+    def start_web(self, *, workers: int, app: str = "couponcenter.wsgi") -> str:
+        """``gunicorn <app> -c gunicorn.conf.py`` with ``workers`` sync worker processes on a free
+        loopback port, as deployed; returns its base URL once every worker process is up."""
+        port = free_port()
+        env = {
+            **self.env,
+            "GUNICORN_BIND": f"127.0.0.1:{port}",
+            "WEB_CONCURRENCY": str(workers),
+            "GUNICORN_WORKER_CLASS": "sync",
+            "GUNICORN_ACCESS_LOG": "0",
+        }
+        argv = [sys.executable, "-m", "gunicorn", app, "-c", "gunicorn.conf.py"]
+        proc = self._start("web", argv, env)
+        base = f"http://127.0.0.1:{port}"
+
+        def serving() -> bool:
+            try:
+                with urllib.request.urlopen(base + "/healthz/live/", timeout=2) as response:
+                    up = response.status == 200
+            except OSError:
+                return False
+            return up and len(psutil.Process(proc.popen.pid).children()) >= workers
+
+        self._wait(proc, serving, timeout=WEB_READY_TIMEOUT_S)
+        return base
+
     def start(self) -> Stack:
         """A Celery worker and a reminder worker, started side by side."""
         celery = self.start_celery(wait=False)
@@ -127,13 +158,15 @@ class Stack:
         self._wait(worker, lambda: worker.popen.pid in {w.pid for w in leases.list_workers()})
         return self
 
-    def _wait(self, proc: Proc, ready: Callable[[], object]) -> None:
+    def _wait(
+        self, proc: Proc, ready: Callable[[], object], *, timeout: float = READY_TIMEOUT_S
+    ) -> None:
         def check():
             if not proc.alive():
                 raise AssertionError(f"{proc.name} exited early:\n{proc.output()[-4000:]}")
             return ready()
 
-        wait_for(check, timeout=READY_TIMEOUT_S, what=f"{proc.name} to be ready")
+        wait_for(check, timeout=timeout, what=f"{proc.name} to be ready")
 
     def stop(self) -> None:
         for proc in self.procs:

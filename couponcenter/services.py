@@ -27,13 +27,13 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 
 # The one documented exception to the layering (DESIGN.md section 1): the claim statement writes
 # the claim's ExpiryTask in the same transaction (article 003).
 from expiry.models import ExpiryTask
 
 from . import rules, signals, stock
+from .core.api.authentication import token_issue, token_revoke
 from .core.db import prepared
 from .core.errors import BusinessError
 from .models import MAX_PER_USER_LIMIT, Account, Coupon, CouponStockShard, UserCoupon
@@ -410,7 +410,8 @@ def account_ensure(
 ) -> tuple[AbstractBaseUser, str]:
     """An API caller that signs in by token only (no usable password); returns (user, token).
 
-    Idempotent: an existing account keeps its token and gets the link and permission asked for.
+    Idempotent: an existing account keeps its token (a new one once it expired) and gets the link
+    and permission asked for.
     ``permissions``: names from ``ACCOUNT_PERMISSIONS`` the account has afterwards (the others
     are taken away); None leaves all but ``act_for_any_user`` as they are.
     """
@@ -477,8 +478,16 @@ def account_provision(
                 user.user_permissions.add(permission)
             else:
                 user.user_permissions.remove(permission)
-        token, _ = Token.objects.get_or_create(user=user)
+        token = token_issue(user=user)
     return user, token.key, created
+
+
+def account_token_revoke(*, username: str) -> int:
+    """Revokes the token of the user ``username`` (``DoesNotExist`` if there is none); returns
+    how many were deleted (0: it had none). An API account gets a new token from
+    ``account_provision``, a person by signing in."""
+    user = get_user_model().objects.get(username=username)
+    return token_revoke(user_id=user.pk)
 
 
 def _account_grant_check(*, granted_by: AbstractBaseUser, names: set[str]) -> None:

@@ -264,6 +264,10 @@ THROTTLE_CLAIM_SYNC_MS = float(os.environ.get("THROTTLE_CLAIM_SYNC_MS", "50"))
 # long, so a claim does not spend a query on it; a revoked token or a changed permission takes
 # effect within this delay (0: look the token up on every request).
 AUTH_TOKEN_CACHE_SECONDS = float(os.environ.get("AUTH_TOKEN_CACHE_SECONDS", "5"))
+# An API token stops working this long after it was handed out (a 401; signing in again, or for
+# an API account POST /api/accounts/ with update, hands out a new one). 0 hours: never.
+_TOKEN_LIFETIME_HOURS = _env_int("API_TOKEN_LIFETIME_HOURS", 0, 0, 87_600)
+API_TOKEN_LIFETIME = timedelta(hours=_TOKEN_LIFETIME_HOURS) if _TOKEN_LIFETIME_HOURS else None
 
 # --- Claims (couponcenter.stock)
 # Each coupon's stock is split over this many rows, so concurrent claims of one coupon do not all
@@ -381,7 +385,7 @@ for _target in TIMEOUT_CALLABLE_TARGETS:
 # The http topic type refuses plain-HTTP targets unless this is on (tests, local receivers).
 WEBHOOK_ALLOW_HTTP = _env_bool("WEBHOOK_ALLOW_HTTP", DEBUG)
 # Outbound calls to private, loopback and link-local addresses (DESIGN.md section 7): development
-# and tests only; checked on the address actually connected to.
+# and tests only; checked on every address the target resolves to, before connecting.
 WEBHOOK_ALLOW_PRIVATE = _env_bool("WEBHOOK_ALLOW_PRIVATE", DEBUG)
 WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "5"))
 # A timeout job's attribute (reminders.attributes): objects nested at most this deep, and at most

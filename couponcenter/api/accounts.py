@@ -9,8 +9,10 @@ its token handed back) only when the request says ``update``.
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -106,3 +108,36 @@ class AccountApi(APIView):
                "permissions": services.account_permissions(user), "token": token}  # fmt: skip
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(self.OutputSerializer(out).data, status=code)
+
+
+class AccountTokenRevokeApi(APIView):
+    # Revoking a token needs what handing one out needs.
+    permission_classes = AccountApi.permission_classes
+
+    class InputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "AccountTokenRevokeInput"
+
+        username = serializers.CharField(
+            max_length=150, validators=[get_user_model().username_validator],
+            help_text="The user whose token is revoked.",
+        )  # fmt: skip
+
+    @extend_schema(
+        operation_id="accounts_token_revoke",
+        summary="Revoke a user's API token",
+        request=InputSerializer,
+        responses={204: None, **error_responses(400, 403, 404)},
+        description="The user's token gets a 401 from now on (in every process within "
+        "`AUTH_TOKEN_CACHE_SECONDS`). An API account gets a new one from `POST /api/accounts/` "
+        "(with `update`), a person by signing in again. A user without a token: 204 all the "
+        "same.",
+    )
+    def post(self, request: Request) -> Response:
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            services.account_token_revoke(username=body.validated_data["username"])
+        except get_user_model().DoesNotExist:
+            raise NotFound("No such user.") from None
+        return Response(status=status.HTTP_204_NO_CONTENT)

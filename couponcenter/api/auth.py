@@ -1,21 +1,23 @@
-"""Token for username + password (throttled); the one API endpoint open to anonymous callers."""
+"""Token for username + password (throttled), the one API endpoint open to anonymous callers; and
+a caller revoking its own token."""
 
 from __future__ import annotations
 
 from django.conf import settings
 from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers
-from rest_framework.authtoken.models import Token
+from rest_framework import serializers, status
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.exceptions import Throttled, ValidationError
-from rest_framework.permissions import AllowAny
+from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.throttling import ScopedRateThrottle
+from rest_framework.views import APIView
 
-from couponcenter.core.api.errors import BAD_REQUEST, THROTTLED
+from couponcenter.core.api.authentication import token_expires_at, token_issue, token_revoke
+from couponcenter.core.api.errors import BAD_REQUEST, THROTTLED, error_responses
 
 
 class TokenApi(ObtainAuthToken):
@@ -31,13 +33,23 @@ class TokenApi(ObtainAuthToken):
         operation_id="auth_token",
         request=AuthTokenSerializer,
         responses={
-            200: inline_serializer("Token", fields={"token": serializers.CharField()}),
+            200: inline_serializer(
+                "Token",
+                fields={
+                    "token": serializers.CharField(),
+                    "expires_at": serializers.DateTimeField(
+                        allow_null=True, help_text="When it stops working (null: never)."
+                    ),
+                },
+            ),
             400: BAD_REQUEST,
             429: THROTTLED,
         },
         auth=[],
         description="Exchange a username and password for the API token "
-        "(send it as `Authorization: Token <key>`).",
+        "(send it as `Authorization: Token <key>`): the one already handed out, or a new one "
+        "when it expired. It stops working when it expires, when the password changes, when the "
+        "user is deactivated or when it is revoked.",
     )
     def post(self, request: Request, *args, **kwargs) -> Response:
         serializer = self.get_serializer(data=request.data)
@@ -50,5 +62,20 @@ class TokenApi(ObtainAuthToken):
                     detail=f"Too many failed sign-ins: locked out for {minutes} minutes."
                 )
             raise ValidationError(serializer.errors)
-        token, _ = Token.objects.get_or_create(user=serializer.validated_data["user"])
-        return Response({"token": token.key})
+        token = token_issue(user=serializer.validated_data["user"])
+        return Response({"token": token.key, "expires_at": token_expires_at(token)})
+
+
+class TokenRevokeApi(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        operation_id="auth_token_revoke",
+        request=None,
+        responses={204: None, **error_responses()},
+        description="Revoke the caller's own token: it gets a 401 from now on (signing in "
+        "again hands out a new one).",
+    )
+    def post(self, request: Request) -> Response:
+        token_revoke(user_id=request.user.pk)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -5,7 +5,13 @@ from couponcenter.core.api import converters  # noqa: F401  (registers the "id" 
 
 urlpatterns = [
     path("auth/token/", auth.TokenApi.as_view(), name="api-token"),
+    path("auth/token/revoke/", auth.TokenRevokeApi.as_view(), name="api-token-revoke"),
     path("accounts/", accounts.AccountApi.as_view(), name="account-ensure"),
+    path(
+        "accounts/token/revoke/",
+        accounts.AccountTokenRevokeApi.as_view(),
+        name="account-token-revoke",
+    ),
     path("coupons/", coupons.CouponListApi.as_view(), name="coupon-list"),
     path("coupons/<id:coupon_id>/", coupons.CouponDetailApi.as_view(), name="coupon-detail"),
     path("coupons/<id:coupon_id>/cancel/", coupons.CouponCancelApi.as_view(), name="coupon-cancel"),

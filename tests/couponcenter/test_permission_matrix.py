@@ -48,6 +48,7 @@ FOR_THE_USER = (NO_AUTH, OK, DENIED, OK, DENIED, DENIED, DENIED, OK)
 
 TABLE: dict[tuple[str, str], tuple] = {
     ("POST", "/api/auth/token/"): ANYONE,
+    ("POST", "/api/auth/token/revoke/"): SIGNED_IN,
     ("GET", "/api/coupons/"): SIGNED_IN,
     ("POST", "/api/coupons/"): MANAGERS,
     ("GET", "/api/coupons/{coupon_id}/"): SIGNED_IN,
@@ -68,6 +69,7 @@ TABLE: dict[tuple[str, str], tuple] = {
     ("GET", "/api/timeouts/{job_id}/"): STAFF_WRITES,
     ("DELETE", "/api/timeouts/{job_id}/"): STAFF_WRITES,
     ("POST", "/api/accounts/"): STAFF_WRITES,
+    ("POST", "/api/accounts/token/revoke/"): STAFF_WRITES,
     ("GET", "/api/timeout-topics/"): STAFF_READS,
     ("POST", "/api/timeout-topics/"): STAFF_WRITES,
     ("GET", "/api/timeout-topics/{name}/"): STAFF_READS,
@@ -103,11 +105,12 @@ def test_every_operation_is_in_the_table():
 
 @pytest.fixture
 def callers() -> dict[str, Client]:
-    linked = client_with(api_user(end_user_id=ME)[1])
     return {
         "anonymous": client_with(),
-        "linked_own": linked,
-        "linked_other": linked,
+        # Two accounts linked to ME, not one: a caller revoking its own token must not sign the
+        # next one out.
+        "linked_own": client_with(api_user(end_user_id=ME)[1]),
+        "linked_other": client_with(api_user(end_user_id=ME)[1]),
         "service": client_with(api_user(perms=["couponcenter.act_for_any_user"])[1]),
         "manager": client_with(api_user(perms=["couponcenter.manage_coupons"])[1]),
         "bare_staff": client_with(api_user(staff=True, staff_perms=())[1]),

@@ -11,20 +11,31 @@ The SQL is raw because the ORM spends longer compiling that query than the datab
 The answer is then kept in the process for ``AUTH_TOKEN_CACHE_SECONDS`` (a copy of the user per
 request), so a service account claiming thousands of times a second costs one query per process
 and interval, not one per claim; a deleted token, a deactivated user or a changed permission takes
-effect within that interval.
+effect within that interval (at once in the process that revoked the token: ``token_revoke``
+empties its cache).
+
+A token's life: ``token_issue`` hands out the user's token (a new one when it has none or its
+one expired); it expires ``API_TOKEN_LIFETIME`` after it was made (None: never), checked on every
+request, cached or not; ``token_revoke`` deletes it, and so does a change of the user's password
+or its deactivation (``revoke_tokens_on_credential_change``, a ``pre_save`` receiver of the user
+model), so a reactivated user or an old password does not bring an old token back. A revoked or
+expired token gets a 401.
 """
 
 from __future__ import annotations
 
 import copy
+from datetime import datetime
 from functools import cache
+from typing import Any
 
 from django.apps import apps
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group, Permission
+from django.contrib.auth.models import AbstractBaseUser, Group, Permission
 from django.contrib.contenttypes.models import ContentType
-from django.db import connection
+from django.db import connection, transaction
+from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.authtoken.models import Token
 
@@ -43,6 +54,74 @@ def account_model():
 
 def token_cache_clear() -> None:
     _cached.clear()
+
+
+def token_expires_at(token: Token) -> datetime | None:
+    """When ``token`` stops working (None: ``API_TOKEN_LIFETIME`` is off, it never does)."""
+    lifetime = settings.API_TOKEN_LIFETIME
+    return None if lifetime is None else token.created + lifetime
+
+
+def token_expired(token: Token, *, now: datetime | None = None) -> bool:
+    expires_at = token_expires_at(token)
+    return expires_at is not None and expires_at <= (now or timezone.now())
+
+
+def token_issue(*, user: AbstractBaseUser) -> Token:
+    """The token ``user`` signs in with: its current one, or a new one if it has none or its one
+    expired (two callers at once get the same new token: the user has one token at most)."""
+    token, _ = Token.objects.get_or_create(user=user)
+    if not token_expired(token):
+        return token
+    Token.objects.filter(key=token.key).delete()
+    token, _ = Token.objects.get_or_create(user=user)
+    return token
+
+
+def token_revoke(*, user_id: int) -> int:
+    """Deletes the tokens of user ``user_id``; returns how many. This process stops trusting its
+    cached callers now and again at the commit (a request between the two could cache the row the
+    transaction is deleting); the others within ``AUTH_TOKEN_CACHE_SECONDS``."""
+    deleted, _ = Token.objects.filter(user_id=user_id).delete()
+    token_cache_clear()
+    transaction.on_commit(token_cache_clear)
+    return deleted
+
+
+# A save touching none of these cannot change the user's credentials (a sign-in saves only
+# ``last_login``): no query for it.
+_CREDENTIAL_FIELDS = frozenset({"password", "is_active"})
+
+
+def token_revoke_on_credential_change(*, user: AbstractBaseUser, fields: Any = None) -> bool:
+    """Revokes the tokens of ``user`` (about to be saved; ``fields``: the save's
+    ``update_fields``) if its stored password changes or it is deactivated. Any new password
+    hash counts, a re-hash at sign-in under a raised hasher cost included: a token too many
+    revoked is the safe side. Returns whether it revoked."""
+    if user.pk is None or (fields is not None and not _CREDENTIAL_FIELDS & set(fields)):
+        return False
+    stored = (
+        type(user)._default_manager.filter(pk=user.pk).values_list("password", "is_active").first()
+    )
+    if stored is None:
+        return False
+    password, active = stored
+    if user.password == password and (user.is_active or not active):
+        return False
+    token_revoke(user_id=user.pk)
+    return True
+
+
+def revoke_tokens_on_credential_change(
+    sender: type,
+    instance: AbstractBaseUser,
+    raw: bool = False,
+    update_fields: Any = None,
+    **kwargs: Any,
+) -> None:
+    """``pre_save`` receiver of the user model (connected in ``CouponCenterConfig.ready``)."""
+    if not raw:  # a fixture being loaded is no change of credentials
+        token_revoke_on_credential_change(user=instance, fields=update_fields)
 
 
 @cache
@@ -86,12 +165,17 @@ def _user_sql(vendor: str) -> str:
 class TokenAuthentication(authentication.TokenAuthentication):
     def authenticate_credentials(self, key: str):
         if settings.AUTH_TOKEN_CACHE_SECONDS <= 0:
-            return self._lookup(key)
-        cached_user, cached_token = _cached.get(key, lambda: self._lookup(key))
-        # A copy per request: a view may set attributes on request.user.
-        user = copy.copy(cached_user)
-        token = Token(key=key, user=user, created=cached_token.created)
-        token._state.adding = False
+            user, token = self._lookup(key)
+        else:
+            cached_user, cached_token = _cached.get(key, lambda: self._lookup(key))
+            # A copy per request: a view may set attributes on request.user.
+            user = copy.copy(cached_user)
+            token = Token(key=key, user=user, created=cached_token.created)
+            token._state.adding = False
+        if token_expired(token):
+            raise exceptions.AuthenticationFailed(
+                "Token expired: sign in again (an API account: ask staff) for a new one."
+            )
         return user, token
 
     def _lookup(self, key: str):

@@ -3,7 +3,8 @@ deployed, each process keeping its own copy of the timeout topics. A change made
 is seen by the next request, whichever process serves it.
 
 - twenty topics, each created and used at once (a single job and a bulk of two right after its
-  topic's 201, each on a new connection): every job accepted;
+  topic's 201, each request on a new connection), as a client's set-up script does: every job
+  accepted;
 - a topic paused, then deleted: after the pause every process reads it paused, after the delete
   every process refuses a job on it.
 
@@ -14,10 +15,8 @@ Every process is reached on purpose: a worker process names itself in each answe
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -87,31 +86,12 @@ def _job(topic: str, biz_id: str) -> dict:
     return {"topic": topic, "biz_type": "order", "biz_id": biz_id, "action_time": at.isoformat()}
 
 
-def _all_at_once(work: Callable[[int], None], count: int) -> None:
-    start = threading.Barrier(count)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            start.wait()
-            work(i)
-        except BaseException as exc:  # reported by the test thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
-
-
 def test_twenty_topics_each_created_and_used_at_once_every_job_accepted(web):
-    # Every process has read the topics (and kept them) before any of them is created.
+    # As a client's set-up script does it: each topic used as soon as its 201 is back, while
+    # every process keeps the topics it read for the requests before.
     web.on_every_process("GET", "/api/timeout-topics/")
     answers: dict[int, list[tuple[str, int, dict, int]]] = {}
-
-    def create_and_use(i: int) -> None:
+    for i in range(TOPICS):
         name = f"ryw.{i}"
         topic = web.call("POST", "/api/timeout-topics/", {"name": name, "type": "log"})
         steps = [("topic", *topic)]
@@ -119,8 +99,6 @@ def test_twenty_topics_each_created_and_used_at_once_every_job_accepted(web):
         bulk = {"jobs": [_job(name, f"{i}-two"), _job(name, f"{i}-three")]}
         steps.append(("bulk", *web.call("POST", "/api/timeouts/bulk/", bulk)))
         answers[i] = steps
-
-    _all_at_once(create_and_use, TOPICS)
 
     refused = {i: s for i, steps in answers.items() for s in steps if s[1] != 201}
     assert not refused, refused

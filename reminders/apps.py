@@ -36,7 +36,7 @@ class RemindersConfig(AppConfig):
             reminder_health.workers_check,
             hard=False,
             needs="redis",
-            warning="no live reminder worker",
+            warning="no live reminder worker, or one whose loop is stalled",
         )
         coupon_signals.coupon_rescheduled.connect(
             receivers.on_coupon_rescheduled, dispatch_uid="reminders.coupon_rescheduled"

@@ -26,7 +26,13 @@ def broker_check() -> None:
 
 
 def workers_check() -> dict[str, Any]:
+    """A warning with no live worker; an error when a worker's process is alive but its dispatch
+    loop has not completed a round for ``WORKER_STALL_MS`` (a liveness probe's "restart it")."""
     now_ms = int(time.time() * 1000)
     live = leases.live_workers(now_ms=now_ms, lease_ms=settings.WORKER_LEASE_MS)
     registered = leases.list_workers()
-    return {"status": "ok" if live else "warning", "live": len(live), "registered": len(registered)}
+    stalled = leases.stalled_workers(now_ms=now_ms, lease_ms=settings.WORKER_LEASE_MS,
+                                     stall_ms=settings.WORKER_STALL_MS)  # fmt: skip
+    status = "error" if stalled else "ok" if live else "warning"
+    return {"status": status, "live": len(live), "registered": len(registered),
+            "stalled": len(stalled)}  # fmt: skip

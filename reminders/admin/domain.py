@@ -17,7 +17,12 @@ from reminders.models import Notification, ReminderSubscription, TimeoutJob
 from reminders.selectors import timeout_job_attribute_text
 from reminders.selectors.queues import ms_to_datetime
 from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
-from reminders.services import timeout_job_cancel, timeout_job_ensure, timeout_job_reschedule
+from reminders.services import (
+    timeout_job_cancel,
+    timeout_job_end,
+    timeout_job_ensure,
+    timeout_job_reschedule,
+)
 from reminders.services.dead_letters import dead_letters_requeue
 
 # Jobs one "cancel" action handles (one conditional UPDATE and one Redis call each).
@@ -88,7 +93,7 @@ class TimeoutJobAdmin(admin.ModelAdmin):
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     list_per_page = 50
-    actions = ["cancel_jobs", "requeue_dead_jobs"]
+    actions = ["cancel_jobs", "end_jobs", "requeue_dead_jobs"]
     ENGINE_FIELDS = ["job_id", "status", "slot", "attempts", "last_error", "gmt_create",
                      "gmt_modified"]  # fmt: skip
 
@@ -187,11 +192,14 @@ class TimeoutJobAdmin(admin.ModelAdmin):
     def save_related(self, request, form, formsets, change):
         pass  # no related objects, and nothing may be saved around the services
 
-    def _confirmed(self, request, queryset, action: str, label: str):
-        """None once the operator confirmed; else the confirmation page (what it will touch)."""
-        if request.POST.get("post") == "yes":
+    def _confirmed(self, request, queryset, action: str, label: str, *, ask_reason: bool = False,
+                   refused: bool = False):  # fmt: skip
+        """None once the operator confirmed; else the confirmation page (what it will touch).
+        ``ask_reason``: the page asks why (required; ``refused``: it was left empty)."""
+        if request.POST.get("post") == "yes" and not ask_reason:
             return None
         context = {
+            "ask_reason": ask_reason, "reason_missing": refused,
             **self.admin_site.each_context(request),
             "title": "Are you sure?", "action": action, "action_label": label,
             "count": queryset.count(), "cap": CANCEL_CAP,
@@ -219,6 +227,28 @@ class TimeoutJobAdmin(admin.ModelAdmin):
             f"Cancelled {cancelled} job(s); {left} were not pending and were left alone"
             + (f" (at most {CANCEL_CAP:,} per action)." if cancelled + left >= CANCEL_CAP else "."),
         )
+
+    @admin.action(description="End the selected pending or stuck running jobs",
+                  permissions=["change"])  # fmt: skip
+    def end_jobs(self, request, queryset):
+        """What a cancel refuses: a job stuck ``running`` (its worker stalled or died mid-firing)
+        is ended through ``timeout_job_end``, with the reason the operator gives."""
+        reason = " ".join(request.POST.get("reason", "").split())
+        if request.POST.get("post") != "yes" or not reason:
+            refused = request.POST.get("post") == "yes"  # confirmed with no reason
+            return self._confirmed(request, queryset, "end_jobs", "End pending or running jobs",
+                                   ask_reason=True, refused=refused)  # fmt: skip
+        ended, left = 0, 0
+        for job in queryset.order_by("pk")[:CANCEL_CAP]:
+            try:
+                timeout_job_end(job=job, reason=reason, by=request.user.get_username())
+                ended += 1
+            except BusinessError:
+                left += 1  # fired or cancelled already, or held by another transaction
+        self.message_user(
+            request, f"Ended {ended} job(s); {left} were not pending or running (or busy) and "
+            "were left alone.",
+        )  # fmt: skip
 
     @admin.action(description="Requeue the selected dead jobs", permissions=["change"])
     def requeue_dead_jobs(self, request, queryset):

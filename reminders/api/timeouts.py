@@ -19,6 +19,7 @@ from couponcenter.core.api.errors import (
 )
 from couponcenter.core.api.fields import AwareDateTimeField
 from couponcenter.core.api.pagination import NewestFirstCursor
+from couponcenter.core.api.permissions import staff_permissions
 from couponcenter.core.time import EARLIEST_TIME, LATEST_TIME
 from reminders import attributes, recurrence, selectors, services
 from reminders.models import TimeoutJob
@@ -464,4 +465,36 @@ class TimeoutJobDetailApi(APIView):
     def delete(self, request, job_id: int):
         job = _job_visible(request, get_object_or_404(TimeoutJob, pk=job_id))
         job = services.timeout_job_cancel(job=job)
+        return Response(TimeoutJobOutputSerializer(job).data)
+
+
+class TimeoutJobEndSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=400, help_text="Why: kept in the job's history.")
+
+
+NOT_LIVE = conflict_serializer("TimeoutJobEndConflict", ["not_live", "busy"])
+
+
+class TimeoutJobEndApi(APIView):
+    """Staff end a job that is pending or stuck ``running`` (a cancel refuses a running job): it
+    is cancelled with who ended it and why in ``last_error`` and its history, and leaves the
+    schedule. A worker still firing it cannot settle it afterwards. Needs staff status and the
+    ``change_timeoutjob`` permission."""
+
+    permission_classes = [staff_permissions(POST=("reminders.change_timeoutjob",))]
+
+    @extend_schema(
+        request=TimeoutJobEndSerializer,
+        responses={
+            200: TimeoutJobOutputSerializer,
+            409: NOT_LIVE,
+            **error_responses(400, 403, 404),
+        },
+    )
+    def post(self, request, job_id: int):
+        data = TimeoutJobEndSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = get_object_or_404(TimeoutJob, pk=job_id)
+        job = services.timeout_job_end(job=job, reason=data.validated_data["reason"],
+                                       by=request.user.get_username())  # fmt: skip
         return Response(TimeoutJobOutputSerializer(job).data)

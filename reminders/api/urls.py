@@ -14,6 +14,7 @@ urlpatterns = [
     path("timeouts/bulk/", timeouts.TimeoutJobBulkApi.as_view(), name="timeout-bulk"),
     path("timeouts/by-key/", timeouts.TimeoutJobByKeyApi.as_view(), name="timeout-by-key"),
     path("timeouts/<id:job_id>/", timeouts.TimeoutJobDetailApi.as_view(), name="timeout-detail"),
+    path("timeouts/<id:job_id>/end/", timeouts.TimeoutJobEndApi.as_view(), name="timeout-end"),
     path(
         "users/<id:user_id>/reminders/",
         subscriptions.SubscriptionListApi.as_view(),

@@ -48,8 +48,9 @@ log = logging.getLogger("reminders.engine")
 MIN_SLEEP_S = 0.005  # never spin: even with work due "now" give Redis and the handler room
 ERROR_SLEEP_S = 1.0  # after a failed tick (Redis down, handler bug in setup)
 # The renewer thread keeps the slot leases while a round runs long (a slow publish, a long
-# rebuild), but not for a loop stuck this long in one tick: its slots should go to others.
-STUCK_TICK_MS = 60_000
+# rebuild), but not for a loop stuck this long in one tick: its slots should go to others, and
+# its worker is reported stalled (``leases.stalled_workers``, the health check).
+STALL_MS = 60_000
 REAP_LIMIT = 1000  # expired in-flight jobs moved back per slot per tick (a parcel whole)
 PRUNE_EVERY_MS = 10_000  # how often the reaper forgets drained layouts and long-dead workers
 _DONE = (Outcome.OK, Outcome.DROP)
@@ -102,6 +103,7 @@ class Dispatcher:
         on_shutdown: Sequence[Callable[[], None]] = (),
         handed_counts: Callable[[], dict[str, int]] | None = None,
         load: Callable[[], dict[str, list[int]]] | None = None,
+        stall_ms: int = STALL_MS,
     ):
         """``housekeeping``: callables run every tick by exactly one worker (a singleton lease),
         e.g. the database reconcile. ``may_claim(topic)``: backpressure; False skips claiming
@@ -115,7 +117,9 @@ class Dispatcher:
         ``on_shutdown``: run first on shutdown (executors finishing what they hold).
         ``handed_counts``: running totals ("acked", "retried", "dead") of entries handed on and
         settled in this process since it started; each tick reports what they grew by.
-        ``load``: per topic [in flight, capacity] of this process's executors, heartbeated."""
+        ``load``: per topic [in flight, capacity] of this process's executors, heartbeated.
+        ``stall_ms``: a tick running longer lets its leases lapse and reports the worker
+        stalled."""
         self._topics = topics if topics is None or callable(topics) else list(topics)
         self.budget = budget
         self.on_shutdown = list(on_shutdown)
@@ -135,6 +139,8 @@ class Dispatcher:
         self.min_sleep_s = min_sleep_ms / 1000
         self._last_maintenance_ms: int | None = None
         self._tick_started = time.monotonic()
+        self.stall_ms = stall_ms
+        self._round_ms = 0  # the end of the last completed round, heartbeated
         self._last_shape: tuple = ()
         self.started_ms = clock()
         self.leases = leases.SlotLeases(self.worker_id, client=client)
@@ -183,6 +189,7 @@ class Dispatcher:
         if any(self._behind.values()):
             report.busy = True  # more to promote: tick again at once
         self._count_handed(report)
+        self._round_ms = self.clock()
         return report
 
     def _count_handed(self, report: TickReport) -> None:
@@ -243,6 +250,7 @@ class Dispatcher:
             config_version=cfg.version,
             owned={t.name: self.leases.owned(t.name) for t in topics},
             load=self.load() if self.load is not None else {},
+            round_ms=self._round_ms,
         )
         leases.heartbeat(info, client=self.client)
 
@@ -478,9 +486,14 @@ class Dispatcher:
     def _renew_leases(self) -> None:
         """The renewer thread: the slot leases are extended every third of their time, however
         long the loop's current round takes, unless the loop is stuck in one tick for longer
-        than ``STUCK_TICK_MS`` (then they lapse and other workers take the slots over)."""
+        than ``stall_ms`` (then they lapse and other workers take the slots over). It also says
+        the process is alive, so that a stuck loop shows as stalled, not as gone."""
         while not self._stop.wait(max(self.leases.ttl_ms / 3000, 0.05)):
-            if (time.monotonic() - self._tick_started) * 1000 > STUCK_TICK_MS:
+            try:
+                leases.beat_alive(self.worker_id, now_ms=self.clock(), client=self.client)
+            except Exception:  # Redis down: the loop's own errors say so
+                log.debug("alive beat failed", exc_info=True)
+            if (time.monotonic() - self._tick_started) * 1000 > self.stall_ms:
                 continue
             try:
                 for topic, slot in self.leases.renew():

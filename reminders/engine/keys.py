@@ -77,6 +77,12 @@ def workers_info() -> str:
     return f"{prefix()}:{{workers}}:info"
 
 
+def workers_alive() -> str:
+    """ZSET worker id -> last sign of life of its process (ms), written apart from the dispatch
+    loop, so a process whose loop is stuck is told from one that is gone."""
+    return f"{prefix()}:{{workers}}:alive"
+
+
 def workers_beats() -> str:
     """ZSET worker id -> last heartbeat (ms); same tag as ``workers_info`` so both move together."""
     return f"{prefix()}:{{workers}}:beats"

@@ -51,6 +51,7 @@ class WorkerInfo:
     owned: dict[str, list[int]] = field(default_factory=dict)
     # Per topic handed on to an executor of this worker: [in flight, capacity].
     load: dict[str, list[int]] = field(default_factory=dict)
+    round_ms: int = 0  # when the dispatch loop last completed a round (0: none yet)
 
 
 def heartbeat(worker: WorkerInfo, *, client: Client | None = None) -> None:
@@ -59,6 +60,30 @@ def heartbeat(worker: WorkerInfo, *, client: Client | None = None) -> None:
     pipe.hset(keys.workers_info(), worker.worker_id, json.dumps(info))
     pipe.zadd(keys.workers_beats(), {worker.worker_id: worker.heartbeat_ms})
     pipe.execute()
+
+
+def beat_alive(worker_id: str, *, now_ms: int, client: Client | None = None) -> None:
+    """The process is alive, whatever its dispatch loop does (``keys.workers_alive``)."""
+    connection.client(client).zadd(keys.workers_alive(), {worker_id: now_ms})
+
+
+def stalled_workers(
+    *, now_ms: int, lease_ms: int, stall_ms: int, client: Client | None = None
+) -> list[str]:
+    """Workers whose process is alive (within the lease time) but whose dispatch loop has not
+    completed a round for ``stall_ms``: what a liveness probe must call dead."""
+    client = connection.client(client)
+    alive = client.zrangebyscore(keys.workers_alive(), now_ms - lease_ms, "+inf")
+    if not alive:
+        return []
+    infos = client.hmget(keys.workers_info(), alive)
+    stalled = []
+    for raw_id, raw in zip(alive, infos, strict=True):
+        info = json.loads(raw or "{}")
+        last = info.get("round_ms") or info.get("started_ms") or 0
+        if now_ms - last > stall_ms:
+            stalled.append(scripts.as_str(raw_id))
+    return sorted(stalled)
 
 
 def live_workers(*, now_ms: int, lease_ms: int, client: Client | None = None) -> list[str]:
@@ -82,13 +107,16 @@ def list_workers(*, client: Client | None = None) -> list[WorkerInfo]:
 def deregister(worker_id: str, *, client: Client | None = None) -> None:
     pipe = scripts.pipeline(connection.client(client))
     pipe.zrem(keys.workers_beats(), worker_id)
+    pipe.zrem(keys.workers_alive(), worker_id)
     pipe.hdel(keys.workers_info(), worker_id)
     pipe.execute()
 
 
 def prune_workers(*, now_ms: int, older_than_ms: int, client: Client | None = None) -> int:
+    client = connection.client(client)
+    client.zremrangebyscore(keys.workers_alive(), "-inf", now_ms - older_than_ms)
     return scripts.workers_prune(
-        connection.client(client), keys.workers_beats(), keys.workers_info(),
+        client, keys.workers_beats(), keys.workers_info(),
         cutoff_ms=now_ms - older_than_ms, limit=1000,
     )  # fmt: skip
 

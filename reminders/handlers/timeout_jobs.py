@@ -30,11 +30,15 @@ from reminders.alerts import raise_alert
 from reminders.engine import queue
 from reminders.engine.queue import epoch_ms as queue_epoch_ms
 from reminders.engine.scripts import Claimed
-from reminders.engine.topics import DROP, HANDED_ON, Result
+from reminders.engine.topics import DROP, HANDED_ON, Result, Retry
 from reminders.handlers.executors import Fired
 from reminders.models import TimeoutJob
 from reminders.selectors.topics import TimeoutTopicSpec
-from reminders.services.timeouts import timeout_jobs_next_occurrences
+from reminders.services.timeouts import (
+    HISTORY_APPEND,
+    timeout_jobs_next_occurrences,
+    timeout_jobs_next_times,
+)
 
 if TYPE_CHECKING:
     from reminders.runtime.executors import TopicExecutors
@@ -75,9 +79,11 @@ def timeout_jobs_handle(
         results.update(dict.fromkeys((e.job_id for e in held), HANDED_ON))
         return results
     due = {int(e.job_id): e for e in entries if e.job_id.isdigit()}
-    jobs = _take(due)
+    jobs, busy = _take(due)
     for job in jobs:
         results[str(job.pk)] = HANDED_ON
+    for pk in busy:
+        results[str(pk)] = Retry(BUSY)
     executor.submit(
         slot,
         [(job, due[job.pk].attempt) for job in jobs],
@@ -95,16 +101,14 @@ def timeout_jobs_take(
     (or left in flight for the reaper when Redis fails too)."""
     due = {int(e.job_id): e for e in entries}
     try:
-        jobs = _take(due)
+        jobs, busy = _take(due)
     except Exception as exc:
         logger.exception("taking %d due jobs of %s failed", len(entries), spec.name)
-        error = f"{exc.__class__.__name__}: {exc}"[:500]
-        queue.nack_handed(spec.name, slot, [(e.job_id, error) for e in entries],
-                          now_ms=queue_epoch_ms(timezone.now()), max_attempts=spec.max_attempts,
-                          backoff_base_ms=spec.backoff_base_ms,
-                          backoff_cap_ms=spec.backoff_cap_ms)  # fmt: skip
+        _retry_handed(spec, slot, entries, f"{exc.__class__.__name__}: {exc}"[:500])
         return []
-    taken = {job.pk for job in jobs}
+    if busy:
+        _retry_handed(spec, slot, [due[pk] for pk in busy], BUSY)
+    taken = {job.pk for job in jobs} | busy
     refused = [e.job_id for e in entries if int(e.job_id) not in taken]
     if refused:
         try:
@@ -114,34 +118,53 @@ def timeout_jobs_take(
     return [(job, due[job.pk].attempt) for job in jobs]
 
 
-def _take(due: dict[int, Claimed]) -> list[TimeoutJob]:
+def _retry_handed(spec: TimeoutTopicSpec, slot: int, entries: list[Claimed], error: str) -> None:
+    queue.nack_handed(spec.name, slot, [(e.job_id, error) for e in entries],
+                      now_ms=queue_epoch_ms(timezone.now()), max_attempts=spec.max_attempts,
+                      backoff_base_ms=spec.backoff_base_ms,
+                      backoff_cap_ms=spec.backoff_cap_ms)  # fmt: skip
+
+
+def _take(due: dict[int, Claimed]) -> tuple[list[TimeoutJob], set[int]]:
     """Pending (or running: a redelivery after a worker died or stalled) rows of these entries,
     moved to running with the entry's attempt in one ``UPDATE ... RETURNING`` per attempt count
     (nearly always one); rows rescheduled past their entry's due time go back to pending and
-    are not returned.
+    are not returned. Returns the jobs taken and the ids of the live rows another transaction
+    holds locked: skipped, never waited for (on PostgreSQL), since the dispatch loop takes a
+    suspect itself and must not stop behind a row lock; they are retried with backoff.
 
     The attempt in the row is the fence of what fired: only the worker whose take recorded it
     settles the row (``_settle_rows``), so a worker that stalled and resumed cannot settle a job
     another worker took over since (that take recorded a higher attempt).
     """
     if not due:
-        return []
+        return [], set()
     fields = ["job_id", "topic", "biz_type", "biz_id", "action_time", "attribute", "slot",
               "attempts", "recurrence", "series_start", "traceparent"]  # fmt: skip
     by_attempt: dict[int, list[int]] = defaultdict(list)
     for pk, entry in due.items():
         by_attempt[entry.attempt].append(pk)
     rows = []
+    where = _TAKE_WHERE[connection.vendor == "postgresql"]
     with connection.cursor() as cursor:
         for attempt, job_ids in by_attempt.items():
+            ids = ",".join(["%s"] * len(job_ids))
             cursor.execute(
                 f"UPDATE {TABLE} SET status = %s, attempts = %s, gmt_modified = %s "
-                f"WHERE job_id IN ({','.join(['%s'] * len(job_ids))}) AND status IN (%s, %s) "
-                f"RETURNING {', '.join(fields)}",
+                f"WHERE {where.format(ids=ids)} RETURNING {', '.join(fields)}",
                 [Status.RUNNING, attempt, db_time(timezone.now()), *job_ids, Status.PENDING,
                  Status.RUNNING],
             )  # fmt: skip
             rows += cursor.fetchall()
+        busy: set[int] = set()
+        missing = set(due) - {row[0] for row in rows}
+        if missing and connection.vendor == "postgresql":
+            cursor.execute(
+                f"SELECT job_id FROM {TABLE} WHERE job_id IN ({','.join(['%s'] * len(missing))})"
+                " AND status IN (%s, %s)",
+                [*missing, Status.PENDING, Status.RUNNING],
+            )
+            busy = {row[0] for row in cursor.fetchall()}
     jobs, moved = [], []
     for row in rows:
         values = dict(zip(fields, row, strict=True))
@@ -159,7 +182,16 @@ def _take(due: dict[int, Claimed]) -> list[TimeoutJob]:
     if moved:
         TimeoutJob.objects.filter(pk__in=moved, status=Status.RUNNING).update(status=Status.PENDING)
     order = {pk: i for i, pk in enumerate(due)}  # the claim's order: due time, oldest first
-    return sorted(jobs, key=lambda job: order[job.pk])
+    return sorted(jobs, key=lambda job: order[job.pk]), busy
+
+
+BUSY = "its row is locked by another transaction"
+# The rows a take moves (False: SQLite, which locks the whole database, not rows).
+_TAKE_WHERE = {
+    True: f"job_id IN (SELECT job_id FROM {TABLE} WHERE job_id IN ({{ids}}) "
+    "AND status IN (%s, %s) FOR UPDATE SKIP LOCKED)",
+    False: "job_id IN ({ids}) AND status IN (%s, %s)",
+}
 
 
 def _settle_rows(
@@ -170,7 +202,7 @@ def _settle_rows(
     if not job_ids:
         return set()
     columns = ", ".join(f"{name} = %s" for name in sets)
-    append = _HISTORY_APPEND[connection.vendor == "postgresql"]
+    append = HISTORY_APPEND[connection.vendor == "postgresql"]
     now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(
@@ -183,13 +215,18 @@ def _settle_rows(
         return {row[0] for row in cursor.fetchall()}
 
 
-# history || [{"attempt", "at", "outcome", "error"}], per database (False: SQLite's JSON1).
-_HISTORY_APPEND = {
-    True: "COALESCE(history, '[]'::jsonb) || jsonb_build_array(jsonb_build_object("
-    "'attempt', %s::int, 'at', %s::text, 'outcome', %s::text, 'error', %s::text))",
-    False: "json_insert(COALESCE(history, '[]'), '$[#]', json_object("
-    "'attempt', %s, 'at', %s, 'outcome', %s, 'error', %s))",
-}
+def _mark_ended(ended: dict[int, str], attempts: dict[int, int]) -> None:
+    """The jobs whose series ended (settled already): the reason in ``last_error`` and in their
+    history, as an outcome of its own."""
+    now = timezone.now()
+    append = HISTORY_APPEND[connection.vendor == "postgresql"]
+    with connection.cursor() as cursor:
+        for pk, reason in ended.items():
+            cursor.execute(
+                f"UPDATE {TABLE} SET last_error = %s, gmt_modified = %s, history = {append} "
+                "WHERE job_id = %s",
+                [reason, db_time(now), attempts[pk], now.isoformat(), "series_ended", reason, pk],
+            )
 
 
 def settle_fired(spec: TimeoutTopicSpec, fired: list[Fired]) -> dict[str, int]:
@@ -201,6 +238,9 @@ def settle_fired(spec: TimeoutTopicSpec, fired: list[Fired]) -> dict[str, int]:
     by_outcome: dict[tuple[int, str | None], list[int]] = defaultdict(list)
     for f in fired:
         by_outcome[(f.attempt, f.error)].append(f.job.pk)
+    # Evaluated before the transaction, under the recurrence budget: a rule holds no row lock.
+    may_end = [f.job for f in fired if f.error is None or f.attempt >= spec.max_attempts]
+    times, ended = timeout_jobs_next_times(may_end, now=timezone.now())
     with transaction.atomic():
         for (attempt, error), job_ids in by_outcome.items():
             if error is None:
@@ -214,7 +254,18 @@ def settle_fired(spec: TimeoutTopicSpec, fired: list[Fired]) -> dict[str, int]:
                 final |= rows if dead else set()
             settled |= rows
         # In the transaction that records the firing: created once, never lost.
-        timeout_jobs_next_occurrences([f.job for f in fired if f.job.pk in final])
+        timeout_jobs_next_occurrences([f.job for f in fired if f.job.pk in final], times)
+        ended = {pk: reason for pk, reason in ended.items() if pk in final}
+        _mark_ended(ended, {f.job.pk: f.attempt for f in fired})
+    if ended:
+        logger.error("%d recurring series of %s ended: %s", len(ended), spec.name,
+                     next(iter(ended.values())), extra={"jobs": sorted(ended)[:20]})  # fmt: skip
+        raise_alert(
+            title=f"{len(ended)} recurring series ended: their rule ran past its budget or "
+            "no longer parses",
+            details={"topic": spec.name, "jobs": sorted(ended)[:20],
+                     "error": next(iter(ended.values()))},
+        )  # fmt: skip
     stale = [f for f in fired if f.job.pk not in settled]
     if stale:
         slots = sorted({f.slot for f in stale})

@@ -224,6 +224,7 @@ def build_worker(
         # Under a steady stream of due reminders, one claim (and one Celery task) per 20 ms
         # instead of per 5: a quarter of the tasks for at most 15 ms more lateness.
         min_sleep_ms=settings.WORKER_MIN_SLEEP_MS,
+        stall_ms=settings.WORKER_STALL_MS,
         **({"clock": clock} if clock is not None else {}),
     )
     generic.executors.on_room = dispatcher.wake  # a full executor with room again

@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -49,12 +49,16 @@ BULK_CHUNK = 2000
 Status = TimeoutJob.Status
 
 
-def _check_recurrence(rule: str) -> None:
-    if rule:
-        try:
-            recurrence.check(rule)
-        except ValueError as exc:
-            raise ValidationError({"recurrence": [f"Invalid: {exc}."]}) from None
+def _first_time(rule: str, action_time: datetime, *, vetted: bool = False) -> datetime:
+    """When the series of a new recurring job starts (``recurrence.first_occurrence``), or a
+    ValidationError that says why its rule is refused. ``vetted``: the rule passed ``vet`` for
+    another job of the same request."""
+    try:
+        if vetted:
+            return recurrence.start_of(rule, action_time, timezone.now())
+        return recurrence.first_occurrence(rule, action_time, timezone.now())
+    except ValueError as exc:
+        raise ValidationError({"recurrence": [f"Invalid: {exc}."]}) from None
 
 
 def _spec_or_error(topic: str):
@@ -79,7 +83,9 @@ def timeout_job_create(
     expression (``reminders.recurrence``): the series starts at ``action_time``. ``owner_id``:
     the account it is created for (its fair key counts within it: ``slot_basis``)."""
     spec = _spec_or_error(topic)
-    _check_recurrence(recurrence)
+    series_start = action_time if recurrence else None
+    if recurrence:
+        action_time = _first_time(recurrence, action_time)
     job = TimeoutJob(
         topic=topic,
         biz_type=biz_type,
@@ -87,7 +93,7 @@ def timeout_job_create(
         action_time=action_time,
         attribute=attribute or {},
         recurrence=recurrence,
-        series_start=action_time if recurrence else None,
+        series_start=series_start,
         slot=slot_for(slot_basis(spec, biz_type, biz_id, attribute, owner_id=owner_id), spec.slots),
         traceparent=tracing.current_traceparent(),
     )
@@ -192,8 +198,7 @@ def timeout_jobs_bulk_create(
             seen.add(key)
         raise ValidationError({"jobs": [f"Repeated business keys: {', '.join(dupes[:5])}."]})
     specs = {topic: _spec_or_error(topic) for topic in {k[0] for k in keys}}
-    for rule in {j.get("recurrence") or "" for j in jobs}:
-        _check_recurrence(rule)
+    jobs = _with_series_starts(jobs)
     if owner_id is not None:
         quota_attributes_check(
             by_field=[(f"jobs.{i}.attribute", j.get("attribute")) for i, j in enumerate(jobs)]
@@ -215,6 +220,28 @@ def timeout_jobs_bulk_create(
         _index_on_commit(new, specs)
     made = {(j.topic, j.biz_type, j.biz_id): j for j in new}
     return [(made[key], True) if key in made else (existing[key], False) for key in keys]
+
+
+def _with_series_starts(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The jobs, each recurring one starting when its series does (``series_start`` its given
+    action time): each distinct rule vetted once, at most ``recurrence.BULK_MAX_RULES`` of them."""
+    rules = {j.get("recurrence") or "" for j in jobs} - {""}
+    if not rules:
+        return jobs
+    if len(rules) > recurrence.BULK_MAX_RULES:
+        most = recurrence.BULK_MAX_RULES
+        raise ValidationError({"jobs": [f"At most {most} distinct recurrence rules per request."]})
+    vetted: set[str] = set()
+    out = []
+    for j in jobs:
+        rule = j.get("recurrence") or ""
+        if rule:
+            at = j["action_time"]
+            j = {**j, "series_start": at,
+                 "action_time": _first_time(rule, at, vetted=rule in vetted)}  # fmt: skip
+            vetted.add(rule)
+        out.append(j)
+    return out
 
 
 _INSERT_COLUMNS = ("topic", "biz_type", "biz_id", "status", "action_time", "attribute", "slot",
@@ -242,7 +269,8 @@ def _insert_jobs(jobs: list[dict[str, Any]], specs: dict, owner_id: int | None) 
             slot_basis(spec, j["biz_type"], j["biz_id"], attribute, owner_id=owner_id), spec.slots
         )
         rows.append((j["topic"], j["biz_type"], j["biz_id"], Status.PENDING, adapt(at),
-                     json.dumps(attribute), slot, 0, "", rule, adapt(at) if rule else None,
+                     json.dumps(attribute), slot, 0, "", rule,
+                     adapt(j["series_start"]) if rule else None,
                      now, now, traced))  # fmt: skip
         made.append(BulkJob(0, j["topic"], j["biz_type"], j["biz_id"], at, slot))
     table = TimeoutJob._meta.db_table
@@ -284,7 +312,8 @@ def _copy_jobs(jobs: list[dict[str, Any]], specs: dict, owner_id: int | None) ->
                       _copy_text(j["biz_id"]), str(Status.PENDING), when,
                       _copy_text(json.dumps(attribute)) if attribute else "{}", str(slot), "0", "",
                       _copy_text(rule),
-                      when if rule else "\\N", now, now, traced)  # fmt: skip
+                      j["series_start"].isoformat() if rule else "\\N", now, now,
+                      traced)  # fmt: skip
             lines.append("\t".join(fields))
             made.append(BulkJob(pk, j["topic"], j["biz_type"], j["biz_id"], at, slot))
         data = io.StringIO("\n".join(lines) + "\n")
@@ -389,6 +418,53 @@ def timeout_job_cancel(*, job: TimeoutJob) -> TimeoutJob:
     return job
 
 
+def timeout_job_end(*, job: TimeoutJob, reason: str, by: str) -> TimeoutJob:
+    """Staff end a job that is pending or stuck running: cancelled, with who and why in its
+    ``last_error`` and history, and its entry out of Redis. A worker still firing it can no
+    longer settle it (the row is not running under its attempt), nor create a next occurrence.
+    A row another transaction holds is refused (``busy``) after ``END_LOCK_TIMEOUT_MS``, never
+    waited on for longer; one that fired or was cancelled already is ``not_live``."""
+    reason = " ".join(reason.split())
+    if not reason:
+        raise ValidationError({"reason": ["Say why the job is ended."]})
+    text = f"ended by {by}: {reason}"[:500]
+    now = timezone.now()
+    append = HISTORY_APPEND[connection.vendor == "postgresql"]
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(f"SET LOCAL lock_timeout = {END_LOCK_TIMEOUT_MS}")
+            cursor.execute(
+                f"UPDATE {TimeoutJob._meta.db_table} SET status = %s, last_error = %s, "
+                f"gmt_modified = %s, history = {append} WHERE job_id = %s AND status IN (%s, %s) "
+                "RETURNING job_id",
+                [Status.CANCELLED, text, connection.ops.adapt_datetimefield_value(now),
+                 job.attempts, now.isoformat(), "ended", text, job.pk, Status.PENDING,
+                 Status.RUNNING],
+            )  # fmt: skip
+            ended = cursor.fetchone() is not None
+    except OperationalError as exc:  # the lock timeout
+        raise BusinessError(
+            "busy", f"Job {job.pk} is held by another transaction; try again."
+        ) from exc
+    job.refresh_from_db()
+    if not ended:
+        raise BusinessError("not_live", f"Job {job.pk} is {job.get_status_display().lower()}.")
+    logger.warning("job %s ended by %s: %s", job.pk, by, reason)
+    transaction.on_commit(lambda: queue.cancel(job.topic, str(job.job_id), slot=job.slot))
+    return job
+
+
+END_LOCK_TIMEOUT_MS = 2000
+# history || [{"attempt", "at", "outcome", "error"}], per database (False: SQLite's JSON1).
+HISTORY_APPEND = {
+    True: "COALESCE(history, '[]'::jsonb) || jsonb_build_array(jsonb_build_object("
+    "'attempt', %s::int, 'at', %s::text, 'outcome', %s::text, 'error', %s::text))",
+    False: "json_insert(COALESCE(history, '[]'), '$[#]', json_object("
+    "'attempt', %s, 'at', %s, 'outcome', %s, 'error', %s))",
+}
+
+
 def timeout_jobs_reindex(
     *, due_before: datetime | None = None, progress: Callable[[int], None] | None = None
 ) -> int:
@@ -421,24 +497,48 @@ def timeout_jobs_reindex(
             progress(len(chunk))
 
 
-def timeout_jobs_next_occurrences(fired: list[TimeoutJob]) -> list[TimeoutJob]:
-    """The next occurrence of each recurring job in ``fired`` (just settled: processed or dead),
-    created pending in the caller's transaction and indexed once it commits. A series whose rule
-    has no later time ends; a key that has a pending job already (created through the API
-    meanwhile) keeps that one and the series ends there, logged."""
+def timeout_jobs_next_times(
+    jobs: list[TimeoutJob], *, now: datetime
+) -> tuple[dict[int, datetime | None], dict[int, str]]:
+    """The next occurrence of each recurring job in ``jobs`` (about to settle), evaluated under
+    the recurrence budget in its child process (``recurrence.calculator``): never in a
+    transaction, never in this process. Returns the times (None: the series is over) and the
+    reasons of the series that end because their rule ran past the budget or no longer parses.
+    The next occurrence comes after the one that fired and after ``now``: what fell due while
+    nothing ran is not replayed."""
+    times: dict[int, datetime | None] = {}
+    ended: dict[int, str] = {}
+    calc = None
+    for job in jobs:
+        if not job.recurrence:
+            continue
+        calc = calc or recurrence.calculator()
+        try:
+            answer = calc.next_after(job.recurrence, job.series_start or job.action_time,
+                                     max(job.action_time, now))  # fmt: skip
+        except recurrence.Exceeded as exc:
+            ended[job.pk] = f"series ended: its next occurrence was {exc}"
+        except ValueError as exc:
+            ended[job.pk] = f"series ended: its recurrence no longer parses ({exc})"
+        else:
+            times[job.pk] = answer.at
+    return times, ended
+
+
+def timeout_jobs_next_occurrences(
+    fired: list[TimeoutJob], times: dict[int, datetime | None]
+) -> list[TimeoutJob]:
+    """The next occurrence of each recurring job in ``fired`` (just settled: processed or dead)
+    at its time in ``times`` (``timeout_jobs_next_times``), created pending in the caller's
+    transaction and indexed once it commits. A series whose rule has no later time ends; a key
+    that has a pending job already (created through the API meanwhile) keeps that one and the
+    series ends there, logged."""
     made = []
     specs = timeout_topic_specs()
     for job in fired:
         spec = specs.get(job.topic)
-        if not job.recurrence or spec is None:
-            continue
-        try:
-            at = recurrence.next_after(job.recurrence, job.series_start or job.action_time,
-                                       job.action_time)  # fmt: skip
-        except ValueError:
-            logger.exception("job %s: its recurrence no longer parses; the series ends", job.pk)
-            continue
-        if at is None:
+        at = times.get(job.pk)
+        if not job.recurrence or spec is None or at is None:
             continue
         successor = TimeoutJob(
             topic=job.topic, biz_type=job.biz_type, biz_id=job.biz_id, action_time=at,

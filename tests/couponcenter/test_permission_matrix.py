@@ -68,6 +68,7 @@ TABLE: dict[tuple[str, str], tuple] = {
     ("PATCH", "/api/timeouts/by-key/"): STAFF_WRITES,
     ("GET", "/api/timeouts/{job_id}/"): STAFF_WRITES,
     ("DELETE", "/api/timeouts/{job_id}/"): STAFF_WRITES,
+    ("POST", "/api/timeouts/{job_id}/end/"): STAFF_WRITES,  # change_timeoutjob
     ("POST", "/api/accounts/"): STAFF_WRITES,
     ("POST", "/api/accounts/token/revoke/"): STAFF_WRITES,
     ("GET", "/api/timeout-topics/"): STAFF_READS,

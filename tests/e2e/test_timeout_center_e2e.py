@@ -147,33 +147,39 @@ def test_a_rate_limit_holds_across_two_workers(stack, receiver_factory):
 
 
 def test_a_recurring_job_across_worker_kills_fires_each_occurrence_as_one_job(
-    stack, receiver_factory
+    stack, receiver_factory, settings
 ):
-    """Every second, 12 times, while the worker is SIGKILLed and restarted: each occurrence is
-    one job row, created once (in the transaction that recorded the one before), and reaches
-    the receiver; a kill between a POST and its recording sends that same job again, under the
-    same Idempotency-Key, which the receiver uses to ignore it."""
+    """Every second, 20 times, while the worker is SIGKILLed and restarted: each occurrence that
+    fires is one job row, created once (in the transaction that recorded the one before), and
+    reaches the receiver; a kill between a POST and its recording sends that same job again,
+    under the same Idempotency-Key, which the receiver uses to ignore it. What fell due while
+    no worker ran fires once, late, and the series goes on from then: the past is not replayed
+    one occurrence after another."""
+    settings.RECURRENCE_MIN_INTERVAL_S = 1  # every second, for the test's sake
     stack.env["WEBHOOK_ALLOW_PRIVATE"] = "1"
     receiver = receiver_factory()
     _http_topic("t.every", receiver.url, slots=1, visibility_ms=20_000, timeout_ms=2_000)
     worker = stack.start_reminder_worker()
     first = timeout_job_create(topic="t.every", biz_type="report", biz_id="daily",
                                action_time=timezone.now() + timedelta(seconds=1),
-                               recurrence="FREQ=SECONDLY;COUNT=12")  # fmt: skip
+                               recurrence="FREQ=SECONDLY;COUNT=20")  # fmt: skip
     series = TimeoutJob.objects.filter(topic="t.every", biz_type="report", biz_id="daily")
-    for fired in (2, 5, 8):  # kill it mid-series, three times
+    for fired in (1, 2):  # kill it mid-series, twice
         wait_for(lambda n=fired: series.filter(status=Status.PROCESSED).count() >= n,
                  timeout=60, what=f"occurrence {fired}\n{stack.logs()}")  # fmt: skip
         worker.kill()
         worker = stack.start_reminder_worker()
-    wait_for(lambda: series.filter(status=Status.PROCESSED).count() == 12, timeout=120,
+    last = first.action_time.replace(microsecond=0) + timedelta(seconds=19)
+    wait_for(lambda: not series.filter(status__in=[Status.PENDING, Status.RUNNING]).exists()
+             and timezone.now() > last, timeout=120,
              what=f"the whole series\n{stack.logs()}")  # fmt: skip
 
     rows = list(series.order_by("action_time"))
-    assert len(rows) == 12  # one row per occurrence: none created twice, none skipped
     times = [r.action_time for r in rows]
+    assert 3 <= len(rows) <= 20 and len(set(times)) == len(rows)  # none created twice
     step = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
-    assert 0 < step[0] <= 1 and step[1:] == [1.0] * 10  # whole seconds after the first
+    assert 0 < step[0] <= 1 and all(s >= 1 and s == int(s) for s in step[1:])  # on its seconds
+    assert times[-1] <= last
     assert rows[0].pk == first.pk and {r.series_start for r in rows} == {first.action_time}
     assert {r.status for r in rows} == {Status.PROCESSED}
     keys = [r.headers["Idempotency-Key"] for r in receiver.snapshot()]

@@ -142,6 +142,26 @@ def test_worker_processes_due_jobs_and_stops_cleanly_on_sigterm(spawn, redis_cli
     assert lease_keys(redis_client, redis_prefix) == []
 
 
+def test_a_job_that_never_returns_does_not_keep_the_worker_from_stopping(spawn):
+    # A callable that never returns holds one of the executor's threads; SIGTERM used to wait
+    # for it forever. The worker stops after the executor's bound and leaves the job in flight,
+    # for the reaper to bring back (not lost).
+    proc = spawn("--topic", "t.sleepy", **{SLEEP_ENV: "3600"})
+    [job] = make_jobs("t.sleepy", 1)
+    wait_for(lambda: in_slot()[1] == 1, 30, "the job in flight", proc)
+    wait_for(lambda: TimeoutJob.objects.get(pk=job.pk).status == TimeoutJob.Status.RUNNING, 30,
+             "the job running", proc)  # fmt: skip
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        code = "still running"
+    assert code == 0, Path(proc.log_path).read_text()[-3000:]
+    assert "jobs still firing at close; left to the reaper" in Path(proc.log_path).read_text()
+    assert in_slot()[1] == 1  # still in flight: the reaper's to bring back
+    assert leases.list_workers() == []
+
+
 def test_once_drains_what_is_due_and_exits(spawn):
     jobs = make_jobs("t.log", 5)
     later = timeout_job_create(topic="t.log", biz_type="order", biz_id="later",

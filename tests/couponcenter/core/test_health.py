@@ -5,12 +5,15 @@ Outages are real: a Redis URL or broker URL pointing at a closed loopback port, 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 from couponcenter.bench.http import free_port
-from reminders.engine import leases
+from reminders.engine import leases, queue
+from reminders.engine.dispatcher import Dispatcher, wall_ms
+from reminders.engine.topics import OK, EngineSettings, Topic
 
 pytestmark = pytest.mark.django_db
 
@@ -51,7 +54,7 @@ def test_no_worker_is_a_warning_unless_required(anon):
         "status": "warning",
         "live": 0,
     }
-    assert body["warnings"] == ["no live reminder worker"]
+    assert body["warnings"] == ["no live reminder worker, or one whose loop is stalled"]
 
     required = anon.get("/healthz/?require_workers=1")
     assert required.status_code == 503
@@ -100,3 +103,39 @@ def test_broker_down_is_a_503(anon, settings):
 def test_health_is_get_only(anon):
     assert anon.post("/healthz/").status_code == 405
     assert anon.post("/healthz/live/").status_code == 405
+
+
+def test_a_worker_whose_dispatch_loop_stalls_turns_health_red(anon, settings, redis_client):
+    # A job's rule once kept a worker's loop from completing a round while its process lived
+    # on, and /healthz/?require_workers=1 stayed green. The process still says it is alive (its
+    # renewer thread), so it shows as stalled, not gone.
+    settings.WORKER_STALL_MS = 300
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(entries):
+        entered.set()
+        release.wait(60)
+        return [OK for _ in entries]
+
+    topic = Topic("t.stall", stuck, slots=1)
+    queue.schedule("t.stall", "j1", wall_ms() - 10, slot=0, client=redis_client)
+    worker = Dispatcher([topic], client=redis_client, stall_ms=settings.WORKER_STALL_MS,
+                        config=lambda: EngineSettings(lease_ms=900))  # fmt: skip
+    loop = threading.Thread(target=worker.run_forever, kwargs={"install_signals": False})
+    loop.start()
+    try:
+        assert entered.wait(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            response = anon.get("/healthz/?require_workers=1")
+            if response.status_code == 503:
+                break
+            time.sleep(0.05)
+        assert response.status_code == 503, response.json()
+        assert response.json()["failing"] == ["workers"]
+        assert response.json()["checks"]["workers"]["stalled"] == 1
+    finally:
+        release.set()
+        worker.stop()
+        loop.join(30)
+    assert not loop.is_alive()

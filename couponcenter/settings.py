@@ -193,17 +193,25 @@ else:
     }
 
 # --- Auth, API
-# Failed logins (the admin's and the token endpoint's) are counted by django-axes, per username and
-# per client address apart: past AXES_FAILURE_LIMIT either is locked out for AXES_COOLOFF_TIME.
-# A locked-out login gets a 429 that says so, every lockout is logged (couponcenter.core.security)
-# and the console lists them; staff unlock from the admin ("Access attempts").
+# Failed logins (the admin's and the token endpoint's) are counted by django-axes within
+# AXES_COOLOFF_TIME, three ways (couponcenter.core.lockout): per username and client address pair
+# (AXES_FAILURE_LIMIT: that address is locked out for that username), per address whatever the
+# usernames, and per username whatever the addresses (far higher: the one count that locks a
+# username out for everyone, so that takes many addresses, not just a known username). A locked-out
+# login gets a 429 that says so, every lockout is logged (couponcenter.core.security) and the
+# console lists them; staff unlock from the admin ("Access attempts").
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-AXES_FAILURE_LIMIT = int(os.environ.get("AXES_FAILURE_LIMIT", "10"))
+AXES_HANDLER = "couponcenter.core.lockout.TieredLockoutHandler"
+AXES_FAILURE_LIMIT = _env_int("AXES_FAILURE_LIMIT", 10, 1, 1000)
+AXES_ADDRESS_FAILURE_LIMIT = _env_int("AXES_ADDRESS_FAILURE_LIMIT", 30, AXES_FAILURE_LIMIT, 100_000)
+AXES_USERNAME_FAILURE_LIMIT = _env_int(
+    "AXES_USERNAME_FAILURE_LIMIT", 100, AXES_FAILURE_LIMIT, 100_000
+)
 AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("AXES_COOLOFF_MINUTES", "15")))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "admin/locked_out.html"
 # The model that links an API account to the end user it acts for (the kernel's token

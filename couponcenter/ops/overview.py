@@ -7,11 +7,8 @@ here writes; every read is bounded (see the selectors it calls).
 
 from __future__ import annotations
 
-from axes.models import AccessAttempt
-from django.conf import settings
-from django.utils import timezone
-
 from couponcenter.core.humanize import ms_age
+from couponcenter.core.lockout import lockouts_now
 from expiry import selectors as expiry_selectors
 from reminders.members import is_reminder_topic
 from reminders.models import ReminderSettings
@@ -53,12 +50,8 @@ def warnings(*, data: Backlog, p99_ms: int | None, live: ReminderSettings) -> li
 
 
 def lockouts() -> list[dict]:
-    """Sign-ins locked out now (django-axes: past the failure limit within the cool-off)."""
-    since = timezone.now() - settings.AXES_COOLOFF_TIME
-    rows = AccessAttempt.objects.filter(
-        failures_since_start__gte=settings.AXES_FAILURE_LIMIT, attempt_time__gte=since
-    ).order_by("-attempt_time")
-    return list(rows.values("username", "ip_address", "failures_since_start", "attempt_time")[:50])
+    """Sign-ins locked out now (django-axes, counted as ``couponcenter.core.lockout`` does)."""
+    return lockouts_now(limit=50)
 
 
 def overview(chart_range: str = DEFAULT_RANGE) -> dict:

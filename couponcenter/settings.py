@@ -399,7 +399,8 @@ WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "5"))
 # A timeout job's attribute (reminders.attributes): objects nested at most this deep, and at most
 # this many bytes of JSON. The depth keeps every later recursive walk of it (the database
 # adapter's encoder, the API's renderer, a webhook body) far from Python's recursion limit; the
-# byte bound is the hard ceiling under any per-owner quota.
+# byte bound is the hard ceiling under any per-owner quota. (At most 100 deep: an attribute sits
+# three levels into a bulk body, and the API refuses bodies nested past 200.)
 TIMEOUT_ATTRIBUTE_MAX_DEPTH = _env_int("TIMEOUT_ATTRIBUTE_MAX_DEPTH", 32, 1, 100)
 TIMEOUT_ATTRIBUTE_MAX_BYTES = _env_int("TIMEOUT_ATTRIBUTE_MAX_BYTES", 16_000, 2, 1_000_000)
 WORKER_LEASE_MS = int(os.environ.get("WORKER_LEASE_MS", "5000"))

@@ -63,9 +63,9 @@ class TimeoutJobOutputSerializer(serializers.ModelSerializer):
 
 
 class _AttributeField(serializers.JSONField):
-    """The job's attribute, checked (``attributes.check``) before anything walks it recursively:
-    DRF's own field first encodes the value to prove it is JSON, which a body nested deep enough
-    turns into a ``RecursionError`` (a parsed body is always JSON)."""
+    """The job's attribute, checked by ``attributes.check`` before anything walks it
+    recursively (DRF's own field first encodes the value to prove it is JSON, which a parsed
+    body always is)."""
 
     def to_internal_value(self, data):
         try:

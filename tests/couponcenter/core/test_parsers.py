@@ -110,3 +110,27 @@ def test_a_body_in_another_charset_is_checked_too(client):
                            HTTP_AUTHORIZATION=f"Token {token}")  # fmt: skip
     assert response.status_code == 400
     assert "not valid Unicode: a lone surrogate U+D800 in name" in str(response.json())
+
+
+def test_every_url_that_takes_a_body_answers_a_body_nested_past_the_bound_with_a_400(client):
+    """Nested deeper than the parser's bound but well within what ``json`` parses: every field of
+    every body a list 600 deep. No view or serializer gets to walk it recursively (Django's
+    lookups recurse per level of a list given as a related object's key)."""
+    deep = "[" * 600 + "1" + "]" * 600
+    for method, path, body in _writes_with_surrogates():
+        fields = [name for name in json.loads(body) if not name.startswith("odd")]
+        text = "{" + ",".join(f'"{name}": {deep}' for name in fields) + "}"
+        _, token = api_user(staff=True)  # each its own: one of the calls revokes its token
+        response = getattr(client, method)(
+            path, text, content_type="application/json", HTTP_AUTHORIZATION=f"Token {token}"
+        )
+        assert response.status_code < 500, (method, path, response.status_code)
+    _, token = api_user(staff=True)
+    one = client.post(
+        "/api/timeout-topics/", f'{{"owner": {deep}}}', content_type="application/json",
+        HTTP_AUTHORIZATION=f"Token {token}",
+    )  # fmt: skip
+    assert one.status_code == 400
+    assert one.json() == {"errors": {"non_field_errors": [
+        "JSON parse error - the body is nested too deeply (200 levels at most)."
+    ]}}  # fmt: skip

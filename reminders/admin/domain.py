@@ -4,7 +4,6 @@ searches that use an index, and no filter that lists a big related table."""
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import ValidationError
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
@@ -122,16 +121,11 @@ class TimeoutJobAdmin(admin.ModelAdmin):
         return ["topic", "biz_type", "biz_id", "action_time", "stored_attribute",
                 *self.ENGINE_FIELDS, *self.DETAIL_FIELDS]  # fmt: skip
 
-    def get_object(self, request, object_id, from_field=None):
-        """The job without its attribute decoded: the change page shows the attribute's stored
-        text (``stored_attribute``), so it opens even for a value nested too deep to decode."""
-        if from_field is not None:
-            return super().get_object(request, object_id, from_field)
-        try:
-            pk = TimeoutJob._meta.pk.to_python(object_id)
-            return self.get_queryset(request).defer("attribute").get(pk=pk)
-        except (TimeoutJob.DoesNotExist, ValidationError, ValueError):
-            return None
+    def get_queryset(self, request):
+        """Jobs without their attribute decoded: the list never shows it and the change page
+        shows its stored text (``stored_attribute``), so both open even for a value nested too
+        deep to decode; the services the actions call do not read it."""
+        return super().get_queryset(request).defer("attribute")
 
     @admin.display(description="Attribute")
     def stored_attribute(self, obj):

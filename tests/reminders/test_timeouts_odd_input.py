@@ -257,6 +257,19 @@ def test_the_admin_change_page_of_a_deeply_nested_job_renders(admin, deep_job):
     assert f"the first 4000 of {len(nested(920).replace(':', ': '))} characters" in page
 
 
+@pytest.mark.postgres
+def test_the_admin_list_and_cancel_of_a_deeply_nested_job_work(admin, deep_job):
+    changelist = reverse("admin:reminders_timeoutjob_changelist")
+    listed = admin.get(changelist)
+    assert listed.status_code == 200
+    change = reverse("admin:reminders_timeoutjob_change", args=[deep_job.pk])
+    assert f'href="{change}"' in listed.content.decode()
+    cancel = {"action": "cancel_jobs", "_selected_action": [deep_job.pk], "post": "yes"}
+    assert admin.post(changelist, cancel).status_code == 302
+    deep_job.refresh_from_db(fields=["status"])
+    assert deep_job.status == TimeoutJob.Status.CANCELLED
+
+
 def test_the_admin_change_page_shows_a_small_attribute_whole(admin):
     job = TimeoutJob.objects.create(
         topic=TOPIC, biz_type="order", biz_id="A-1", action_time=timezone.now(),

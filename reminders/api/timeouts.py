@@ -3,6 +3,7 @@ by its ``job_id`` or by its business key (topic, biz_type, biz_id)."""
 
 from datetime import UTC, datetime
 
+from django.conf import settings
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
@@ -80,7 +81,13 @@ class TimeoutJobInputSerializer(serializers.Serializer):
     biz_type = serializers.CharField(max_length=64)
     biz_id = serializers.CharField(max_length=128)
     action_time = AwareDateTimeField()
-    attribute = _AttributeField(required=False, default=dict)
+    attribute = _AttributeField(
+        required=False,
+        default=dict,
+        help_text="A JSON object, given back when the job fires: nested at most "
+        f"{settings.TIMEOUT_ATTRIBUTE_MAX_DEPTH} levels deep, at most "
+        f"{settings.TIMEOUT_ATTRIBUTE_MAX_BYTES} bytes of JSON.",
+    )
     recurrence = serializers.CharField(
         max_length=recurrence.MAX_CHARS, required=False, default="", allow_blank=True,
         help_text="Repeat: an RRULE (`FREQ=DAILY;BYHOUR=9;COUNT=30`) or a cron expression "

@@ -463,7 +463,7 @@ def account_provision(
                 f"{username!r} exists: send update: true to change it and get its token.",
             )
         if granted_by is not None:
-            held = set() if created else set(account_permissions(user))
+            held = set() if created else _account_rights(user, granted_by=granted_by)
             _account_grant_check(granted_by=granted_by, names=wanted | held)
         if created:
             user.set_unusable_password()
@@ -488,6 +488,21 @@ def account_token_revoke(*, username: str) -> int:
     ``account_provision``, a person by signing in."""
     user = get_user_model().objects.get(username=username)
     return token_revoke(user_id=user.pk)
+
+
+def _account_rights(user: AbstractBaseUser, *, granted_by: AbstractBaseUser) -> set[str]:
+    """What handing ``user``'s token to ``granted_by`` would give: its ``ACCOUNT_PERMISSIONS``,
+    directly or through a group; and a group's own rights (the topics it owns), so an account in
+    a group its maker is not in is ``PermissionDenied`` outright."""
+    outside = set(user.groups.values_list("name", flat=True)) - set(
+        granted_by.groups.values_list("name", flat=True)
+    )
+    if outside and not granted_by.is_superuser:
+        raise PermissionDenied(
+            f"This account belongs to groups you are not in ({sorted(outside)}): its token would "
+            "give you what they may do."
+        )
+    return {name for name, key in ACCOUNT_PERMISSIONS.items() if user.has_perm(".".join(key))}
 
 
 def _account_grant_check(*, granted_by: AbstractBaseUser, names: set[str]) -> None:

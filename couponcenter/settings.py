@@ -405,8 +405,9 @@ TIMEOUT_ATTRIBUTE_MAX_DEPTH = _env_int("TIMEOUT_ATTRIBUTE_MAX_DEPTH", 32, 1, 100
 TIMEOUT_ATTRIBUTE_MAX_BYTES = _env_int("TIMEOUT_ATTRIBUTE_MAX_BYTES", 16_000, 2, 1_000_000)
 WORKER_LEASE_MS = int(os.environ.get("WORKER_LEASE_MS", "5000"))
 # A reminder worker whose dispatch loop has not completed a round for this long lets its slot
-# leases lapse and is reported stalled by /healthz/ (an error with ?require_workers=1).
-WORKER_STALL_MS = _env_int("WORKER_STALL_MS", 60_000, 100, 3_600_000)
+# leases lapse and is reported stalled by /healthz/ (an error with ?require_workers=1). At least
+# the lease time: a loop reports its last round with its heartbeat, a fifth of that apart.
+WORKER_STALL_MS = _env_int("WORKER_STALL_MS", 60_000, WORKER_LEASE_MS, 3_600_000)
 # Recurring timeout jobs (reminders.recurrence): occurrences at least this many seconds apart,
 # worked out from the rule (60: as close as cron); and the hard time budget of one evaluation of
 # a rule, past which the evaluating child process is killed and the series ends.

@@ -56,7 +56,8 @@ class TimeoutJob(models.Model):
     # The trace of the call that scheduled it (see ReminderSubscription.traceparent).
     traceparent = models.CharField(max_length=64, blank=True, default="", db_default="")
     # Recurring jobs (``reminders.recurrence``): an RRULE or a cron expression; the next
-    # occurrence is created when this one is settled. ``series_start``: the first occurrence.
+    # occurrence is created when this one is settled. ``series_start``: the start the series was
+    # given (its rule counts from it; a start already past begins the series later).
     recurrence = models.CharField(max_length=500, blank=True, default="")
     series_start = models.DateTimeField(null=True, blank=True)
     gmt_create = models.DateTimeField(auto_now_add=True)

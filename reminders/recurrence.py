@@ -61,8 +61,10 @@ from dateutil.rrule import (
 )
 
 MAX_CHARS = 500
-# Distinct rules one bulk request may carry: each is evaluated when the jobs are created.
-BULK_MAX_RULES = 100
+# Distinct rules one bulk request may carry: each is evaluated when the jobs are created, all of
+# them within this many budgets (``request_limit_s``).
+BULK_MAX_RULES = 20
+REQUEST_LIMIT_BUDGETS = 10
 # A rule is accepted when each of its probes costs at most this share of the budget, so that a
 # machine a few times slower still evaluates it inside the budget when the job fires.
 PROBE_SHARE = 5
@@ -90,6 +92,10 @@ _TIME_PARTS = (
     (MINUTELY, "byminute", 60, 60),
     (SECONDLY, "bysecond", 60, 1),
 )
+
+
+_DIED = object()
+_PARENT_ENV = "COUPONCENTER_RECURRENCE_PARENT"
 
 
 class Exceeded(Exception):
@@ -226,8 +232,8 @@ class Answer:
 
 class Calculator:
     """A child process that evaluates rules, one query at a time, killed when a query runs past
-    ``budget_ms`` (and started again for the next query). One per process (``calculator()``);
-    thread-safe; a forked process starts its own."""
+    ``budget_ms`` (and started again for the next query). Kept per process and name
+    (``calculator()``); thread-safe; a forked process starts its own."""
 
     def __init__(self, budget_ms: int) -> None:
         self.budget_ms = budget_ms
@@ -262,15 +268,15 @@ class Calculator:
                     raise
                 continue
             reply = self._read_line(proc, time.monotonic() + self.budget_ms / 1000)
-            if reply is not None:
+            if reply is not None and reply is not _DIED:
                 return json.loads(reply)
-            if proc.poll() is None:  # still working: past its budget
-                self._kill()
-                raise Exceeded(f"not found within {self.budget_ms} ms")
             self._kill()
+            if reply is None:  # still working: past its budget
+                raise Exceeded(f"not found within {self.budget_ms} ms")
         raise OSError("the recurrence child process keeps dying")
 
-    def _read_line(self, proc: subprocess.Popen, deadline: float) -> bytes | None:
+    def _read_line(self, proc: subprocess.Popen, deadline: float) -> bytes | object | None:
+        """The child's next line; None past the deadline, ``_DIED`` when its output ended."""
         fd = proc.stdout.fileno()
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
@@ -280,7 +286,7 @@ class Calculator:
                     return None
                 chunk = os.read(fd, 65536)
                 if not chunk:  # the child died
-                    return None
+                    return _DIED
                 self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line
@@ -292,6 +298,7 @@ class Calculator:
             root = str(Path(__file__).resolve().parent.parent)
             env = {
                 **os.environ,
+                _PARENT_ENV: str(os.getpid()),
                 "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
             }
             self._proc = subprocess.Popen(
@@ -315,20 +322,26 @@ class Calculator:
                     stream.close()
 
 
-_calculator: Calculator | None = None
-_calculator_lock = threading.Lock()
+_calculators: dict[str, Calculator] = {}
+_calculators_lock = threading.Lock()
 
 
-def calculator() -> Calculator:
-    """This process's calculator, with the budget of ``RECURRENCE_BUDGET_MS``."""
-    global _calculator
+def calculator(name: str = "") -> Calculator:
+    """The calculator ``name`` of this process (a worker keeps one per topic, so one tenant's
+    costly rules wait only on each other), with the budget of ``RECURRENCE_BUDGET_MS``."""
     budget = _setting("RECURRENCE_BUDGET_MS")
-    with _calculator_lock:
-        if _calculator is None or _calculator.budget_ms != budget:
-            if _calculator is not None:
-                _calculator.close()
-            _calculator = Calculator(budget)
-        return _calculator
+    with _calculators_lock:
+        calc = _calculators.get(name)
+        if calc is None or calc.budget_ms != budget:
+            if calc is not None:
+                calc.close()
+            calc = _calculators[name] = Calculator(budget)
+        return calc
+
+
+def request_limit_s() -> float:
+    """How long the rules of one request may take to check, all together."""
+    return _setting("RECURRENCE_BUDGET_MS") * REQUEST_LIMIT_BUDGETS / 1000
 
 
 def first_occurrence(rule: str, action_time: datetime, now: datetime) -> datetime:
@@ -404,6 +417,7 @@ def _probe(calc: Calculator, rule: str, series_start: datetime, after: datetime)
 
 
 def _serve() -> None:
+    _die_with_parent()
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     for line in sys.stdin.buffer:
@@ -418,6 +432,21 @@ def _serve() -> None:
         reply["ms"] = (time.perf_counter() - started) * 1000
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
+
+
+def _die_with_parent() -> None:
+    """Killed with its parent (Linux): a parent killed mid-query must not leave the child to
+    finish a rule past its budget."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if str(os.getppid()) != os.environ.get(_PARENT_ENV):  # it died before the line above
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent's kill on its budget still holds
 
 
 if __name__ == "__main__":

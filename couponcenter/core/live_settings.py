@@ -103,21 +103,31 @@ class LiveSettingsReader(Generic[S]):
 
     def _current(self, max_age_s: float | None) -> tuple[S, Marker | None]:
         max_age_s = self.max_age_s if max_age_s is None else max_age_s
-        row, marker, checked = self._row, self._marker, self._checked
+        with self._lock:  # the row and the marker it was kept under, as one pair
+            row, seen, checked = self._row, self._marker, self._checked
         if row is not None and checked >= _as_of.get() and time.monotonic() - checked < max_age_s:
-            return row, marker
+            return row, seen
         began = time.monotonic()
         with connection.cursor() as cursor:
             cursor.execute(self._marker_sql)
             marker = cursor.fetchone()
-        if marker is None or row is None or marker != self._marker:
+        # Compared with the marker our row was kept under, not with what another thread stored
+        # meanwhile: storing our older row under its newer marker would keep that row for good.
+        if marker is None or row is None or marker != seen:
             if marker is not None and marker == self._refused:
                 row = row if row is not None else self.model(pk=marker[0])  # none was good
             else:
                 row = self._load(row, marker)
         with self._lock:
-            self._row, self._marker, self._checked = row, marker, began
+            if began >= self._checked:  # else a read that began later stored a newer pair
+                self._row, self._marker, self._checked = row, marker, began
         return row, marker
+
+    def recheck(self) -> None:
+        """Read the marker again at the next use (a write this process made moved it), keeping
+        the row, and so the last good one when the row is found invalid."""
+        with self._lock:
+            self._checked = float("-inf")
 
     def _load(self, last_good: S | None, marker: Marker | None) -> S:
         loaded = self.model.objects.order_by("pk").first()

@@ -29,8 +29,14 @@ def reminder_settings_marker() -> Marker:
 
 
 def reminder_settings_forget() -> None:
-    """Drop the cached row (after a write, so this process reads the new one at once)."""
+    """Drop the cached row (after a write of it, so this process reads the new one at once)."""
     _settings.clear()
+
+
+def reminder_settings_recheck() -> None:
+    """Check the marker at the next read (after a write that moved it, e.g. a topic's), keeping
+    the row: an invalid row found then still leaves the last good one in use."""
+    _settings.recheck()
 
 
 def timeout_job_get(*, job_id: int) -> TimeoutJob:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
@@ -59,6 +60,11 @@ def _first_time(rule: str, action_time: datetime, *, vetted: bool = False) -> da
         return recurrence.first_occurrence(rule, action_time, timezone.now())
     except ValueError as exc:
         raise ValidationError({"recurrence": [f"Invalid: {exc}."]}) from None
+    except OSError as exc:  # the child process: not the rule's fault
+        logger.exception("checking a recurrence rule failed")
+        raise BusinessError(
+            "recurrence_unavailable", "Recurrence rules cannot be checked right now; retry."
+        ) from exc
 
 
 def _spec_or_error(topic: str):
@@ -224,22 +230,30 @@ def timeout_jobs_bulk_create(
 
 def _with_series_starts(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The jobs, each recurring one starting when its series does (``series_start`` its given
-    action time): each distinct rule vetted once, at most ``recurrence.BULK_MAX_RULES`` of them."""
+    action time): each distinct rule vetted once, at most ``recurrence.BULK_MAX_RULES`` of them,
+    and all of it within ``recurrence.REQUEST_LIMIT_BUDGETS`` budgets of time."""
     rules = {j.get("recurrence") or "" for j in jobs} - {""}
     if not rules:
         return jobs
     if len(rules) > recurrence.BULK_MAX_RULES:
         most = recurrence.BULK_MAX_RULES
         raise ValidationError({"jobs": [f"At most {most} distinct recurrence rules per request."]})
+    deadline = time.monotonic() + recurrence.request_limit_s()
     vetted: set[str] = set()
+    starts: dict[tuple[str, datetime], datetime] = {}
     out = []
     for j in jobs:
         rule = j.get("recurrence") or ""
         if rule:
             at = j["action_time"]
-            j = {**j, "series_start": at,
-                 "action_time": _first_time(rule, at, vetted=rule in vetted)}  # fmt: skip
-            vetted.add(rule)
+            if (rule, at) not in starts:
+                if time.monotonic() > deadline:
+                    raise ValidationError({"jobs": [
+                        "Its recurrence rules take too long to check: send fewer distinct rules "
+                        "or start times per request."]})  # fmt: skip
+                starts[(rule, at)] = _first_time(rule, at, vetted=rule in vetted)
+                vetted.add(rule)
+            j = {**j, "series_start": at, "action_time": starts[(rule, at)]}
         out.append(j)
     return out
 
@@ -443,7 +457,9 @@ def timeout_job_end(*, job: TimeoutJob, reason: str, by: str) -> TimeoutJob:
                  Status.RUNNING],
             )  # fmt: skip
             ended = cursor.fetchone() is not None
-    except OperationalError as exc:  # the lock timeout
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "pgcode", None) != LOCK_NOT_AVAILABLE:
+            raise
         raise BusinessError(
             "busy", f"Job {job.pk} is held by another transaction; try again."
         ) from exc
@@ -456,6 +472,7 @@ def timeout_job_end(*, job: TimeoutJob, reason: str, by: str) -> TimeoutJob:
 
 
 END_LOCK_TIMEOUT_MS = 2000
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's error code for a lock timeout
 # history || [{"attempt", "at", "outcome", "error"}], per database (False: SQLite's JSON1).
 HISTORY_APPEND = {
     True: "COALESCE(history, '[]'::jsonb) || jsonb_build_array(jsonb_build_object("
@@ -498,30 +515,36 @@ def timeout_jobs_reindex(
 
 
 def timeout_jobs_next_times(
-    jobs: list[TimeoutJob], *, now: datetime
+    jobs: list[TimeoutJob], *, now: datetime, topic: str = ""
 ) -> tuple[dict[int, datetime | None], dict[int, str]]:
     """The next occurrence of each recurring job in ``jobs`` (about to settle), evaluated under
-    the recurrence budget in its child process (``recurrence.calculator``): never in a
-    transaction, never in this process. Returns the times (None: the series is over) and the
-    reasons of the series that end because their rule ran past the budget or no longer parses.
-    The next occurrence comes after the one that fired and after ``now``: what fell due while
-    nothing ran is not replayed."""
+    the recurrence budget in the child process of ``topic`` (``recurrence.calculator``, one a
+    topic, so a tenant's costly rules hold up only its own topic): never in a transaction, never
+    in this process. Returns the times (None: the series is over) and the reasons of the series
+    that end: a rule past the budget, one that no longer parses, or a child that failed (each
+    is marked and alerted, never dropped silently). The next occurrence comes after the one that
+    fired and after ``now``: what fell due while nothing ran is not replayed. Jobs of one series
+    start fired together are evaluated once."""
     times: dict[int, datetime | None] = {}
     ended: dict[int, str] = {}
-    calc = None
+    known: dict[tuple[str, datetime, datetime], datetime | None | str] = {}
     for job in jobs:
         if not job.recurrence:
             continue
-        calc = calc or recurrence.calculator()
-        try:
-            answer = calc.next_after(job.recurrence, job.series_start or job.action_time,
-                                     max(job.action_time, now))  # fmt: skip
-        except recurrence.Exceeded as exc:
-            ended[job.pk] = f"series ended: its next occurrence was {exc}"
-        except ValueError as exc:
-            ended[job.pk] = f"series ended: its recurrence no longer parses ({exc})"
+        query = (job.recurrence, job.series_start or job.action_time, max(job.action_time, now))
+        if query not in known:
+            try:
+                known[query] = recurrence.calculator(topic).next_after(*query).at
+            except recurrence.Exceeded as exc:
+                known[query] = f"series ended: its next occurrence was {exc}"
+            except ValueError as exc:
+                known[query] = f"series ended: its recurrence no longer parses ({exc})"
+            except OSError as exc:
+                known[query] = f"series ended: its recurrence could not be evaluated ({exc})"
+        if isinstance(known[query], str):
+            ended[job.pk] = known[query]
         else:
-            times[job.pk] = answer.at
+            times[job.pk] = known[query]
     return times, ended
 
 

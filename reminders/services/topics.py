@@ -22,7 +22,7 @@ from django.db import transaction
 from couponcenter.core.errors import BusinessError
 from reminders.engine import queue
 from reminders.models import TimeoutJob, TimeoutTopic
-from reminders.selectors import reminder_settings_forget
+from reminders.selectors import reminder_settings_recheck
 from reminders.services.config import reminder_settings_touch
 
 LIVE = (TimeoutJob.Status.PENDING, TimeoutJob.Status.RUNNING)
@@ -46,7 +46,7 @@ def timeout_topic_save(*, topic: TimeoutTopic, **changes: Any) -> TimeoutTopic:
     with transaction.atomic():
         topic.save()
         reminder_settings_touch()
-    reminder_settings_forget()  # this process reads it at once, in a request or not
+    reminder_settings_recheck()  # this process reads it at once, in a request or not
     return topic
 
 
@@ -63,7 +63,7 @@ def timeout_topic_delete(*, topic: TimeoutTopic) -> int:
             )
         topic.delete()
         reminder_settings_touch()
-    reminder_settings_forget()
+    reminder_settings_recheck()
     return _purge_finished(topic.name)
 
 

@@ -136,6 +136,25 @@ def test_an_account_gets_no_permission_its_maker_does_not_hold(staff):
     assert user.has_perm("couponcenter.act_for_any_user")
 
 
+def test_an_account_whose_rights_come_from_a_group_is_not_handed_over(staff):
+    # A group gives its members permissions and the topics it owns; a manager outside it took
+    # such an account's token back with update: true (it saw no permission held "directly").
+    from django.contrib.auth.models import Group, Permission
+
+    team = Group.objects.create(name="acme")
+    team.permissions.add(Permission.objects.get(codename="manage_timeouts"))
+    made = staff.post("/api/accounts/", {"username": "svc-acme"}).json()
+    get_user_model().objects.get(username="svc-acme").groups.add(team)
+    maker = _account_manager("couponcenter.manage_coupons")
+    update = {"username": "svc-acme", "update": True, "permissions": []}
+    taken = maker.post("/api/accounts/", update, format="json")
+    assert taken.status_code == 403 and made["token"] not in taken.content.decode()
+    maker_with_it = _account_manager("reminders.manage_timeouts")
+    still = maker_with_it.post("/api/accounts/", update, format="json")
+    assert still.status_code == 403  # it holds the permission, but is not in the group
+    assert "groups" in still.json()["detail"]
+
+
 def test_the_command_prints_a_working_token():
     out, err = io.StringIO(), io.StringIO()
     call_command("create_api_account", "svc-1", "--permission", "act_for_any_user",

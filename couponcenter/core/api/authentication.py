@@ -40,6 +40,7 @@ from rest_framework import authentication, exceptions
 from rest_framework.authtoken.models import Token
 
 from couponcenter.core.caching import TTLCache
+from couponcenter.core.db.times import aware_time
 
 ACT_FOR_ANY_USER = ("couponcenter", "act_for_any_user")
 # key -> (user, token); the TTL is read at each lookup so a test or an operator may change it.
@@ -188,6 +189,7 @@ class TokenAuthentication(authentication.TokenAuthentication):
             raise exceptions.AuthenticationFailed("User inactive or deleted.")
         user._act_for_any_user_cache = bool(user.is_superuser or user.cc_act_for_any)
         user._end_user_id_cache = user.cc_end_user
-        token = Token(key=key, user=user, created=user.cc_token_created)
+        # Read by the raw column above: SQLite answers a naive time (or its text).
+        token = Token(key=key, user=user, created=aware_time(user.cc_token_created))
         token._state.adding = False
         return user, token

@@ -10,11 +10,12 @@ Refused targets:
 - plain HTTP unless ``WEBHOOK_ALLOW_HTTP`` is on (development and tests), whatever the case of the
   scheme;
 - private, loopback, link-local and other non-public addresses unless ``WEBHOOK_ALLOW_PRIVATE`` is
-  on (DESIGN.md section 7), checked before any connection is made (``guarded_session``): the
-  host is resolved once, every address it resolves to must be public, and the socket connects
-  to those checked addresses only, so a name re-pointed after the check changes nothing. A
-  refused target never sees a connection and every refusal reads the same, so an open, a closed
-  and an unreachable internal port cannot be told apart (no port scan through ``last_error``);
+  on (README, Security: "Outbound calls"), checked before any connection is made
+  (``guarded_session``): the host is resolved once, every address it resolves to must be public, and
+  the socket connects to those checked addresses only, so a name re-pointed after the check changes
+  nothing. A refused target never sees a connection and every refusal reads the same, so an open, a
+  closed and an unreachable internal port cannot be told apart (no port scan through
+  ``last_error``);
 - a redirect is a failure and is never followed (following it would re-send the body, the
   signature and the idempotency key to wherever it points).
 

@@ -528,13 +528,14 @@ def timeout_jobs_next_times(
     times: dict[int, datetime | None] = {}
     ended: dict[int, str] = {}
     known: dict[tuple[str, datetime, datetime], datetime | None | str] = {}
+    calc = recurrence.calculator(topic) if any(job.recurrence for job in jobs) else None
     for job in jobs:
         if not job.recurrence:
             continue
         query = (job.recurrence, job.series_start or job.action_time, max(job.action_time, now))
         if query not in known:
             try:
-                known[query] = recurrence.calculator(topic).next_after(*query).at
+                known[query] = calc.next_after(*query).at
             except recurrence.Exceeded as exc:
                 known[query] = f"series ended: its next occurrence was {exc}"
             except ValueError as exc:

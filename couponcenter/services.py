@@ -8,7 +8,7 @@ Invariants (held by the database, not by luck):
 - at most ``per_user_limit`` claims per (coupon, user): each claim takes the user's lowest free
   ``seq`` in ``1..per_user_limit`` and ``(coupon, user_id, seq)`` is unique, so two concurrent
   claims for the same seq cannot both commit (the loser re-reads and takes the next one).
-- a claim writes its ``UserCoupon`` and ``ExpiryTask`` in one transaction (article 003).
+- a claim writes its ``UserCoupon`` and ``ExpiryTask`` in one transaction (docs/claims.md).
 - a redeem and the expiry sweeper race on one conditional UPDATE each (``status = 'unused'``), so
   exactly one of them wins, and a redeem also requires ``expires_at > now``.
 """
@@ -28,8 +28,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
 
-# The one documented exception to the layering (DESIGN.md section 1): the claim statement writes
-# the claim's ExpiryTask in the same transaction (article 003).
+# The one documented exception to the layering (docs/architecture.md, invariant 2): the claim
+# statement writes the claim's ExpiryTask in the same transaction.
 from expiry.models import ExpiryTask
 
 from . import rules, signals, stock

@@ -392,8 +392,8 @@ for _target in TIMEOUT_CALLABLE_TARGETS:
         )
 # The http topic type refuses plain-HTTP targets unless this is on (tests, local receivers).
 WEBHOOK_ALLOW_HTTP = _env_bool("WEBHOOK_ALLOW_HTTP", DEBUG)
-# Outbound calls to private, loopback and link-local addresses (DESIGN.md section 7): development
-# and tests only; checked on every address the target resolves to, before connecting.
+# Outbound calls to private, loopback and link-local addresses (docs/timeouts.md, Webhooks):
+# development and tests only; checked on every address the target resolves to, before connecting.
 WEBHOOK_ALLOW_PRIVATE = _env_bool("WEBHOOK_ALLOW_PRIVATE", DEBUG)
 WEBHOOK_TIMEOUT_S = float(os.environ.get("WEBHOOK_TIMEOUT_S", "5"))
 # A timeout job's attribute (reminders.attributes): objects nested at most this deep, and at most

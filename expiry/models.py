@@ -1,7 +1,7 @@
-"""The expiry-task table (article 003): one small row per claimed coupon, swept in batches.
+"""The expiry-task table (docs/expiry.md): one small row per claimed coupon, swept in batches.
 
 The sweeper never scans ``couponcenter_usercoupon``; it reads due pending rows of this table through
-the partial index over pending rows, ``expirytask_pending_due``. Article 003's composite
+the partial index over pending rows, ``expirytask_pending_due``. The composite
 ``(expire_at, status)`` cannot replace it: it leads with ``expire_at``, so a sweep through it would
 step over every processed task still kept for the retention (days of them) before reaching a
 pending one. Marking a task processed writes no entry into the pending index (the new row is not

@@ -1,12 +1,11 @@
-"""The mass-expiry sweeper (article 003): batched, lock-skipping, restartable.
+"""The mass-expiry sweeper (docs/expiry.md): batched, lock-skipping, restartable.
 
 Invariants:
 - The sweeper reads only ``expiry_expirytask`` (due pending rows, through the partial index
   ``expirytask_pending_due``); it touches ``couponcenter_usercoupon`` by primary key only.
 - One batch is one transaction over at most ``batch_size`` due pending tasks: it expires those
   user coupons that are still ``unused`` and marks the tasks ``processed``. If anything fails the
-  transaction rolls back and the rows stay pending for the next pass (article 003's "if a batch
-  fails, the task status remains unchanged").
+  transaction rolls back and the rows stay pending for the next pass.
 - A batch first goes the fast way: no explicit row locks (they were a fifth of a batch's time),
   just the two UPDATEs, coupons first and then tasks, each in primary-key order, which is the
   order a redeem takes them in (coupon, then task), so the two can wait on each other but never
@@ -60,7 +59,7 @@ from .models import ExpirySettings, ExpiryTask
 
 logger = logging.getLogger(__name__)
 
-# Rows per batch when neither the caller nor ExpirySettings says otherwise (article 003: 2000).
+# Rows per batch when neither the caller nor ExpirySettings says otherwise.
 DEFAULT_BATCH_SIZE = 2000
 # A batch gives up on a table lock (say, a migration) after this long instead of queueing behind it.
 LOCK_TIMEOUT_MS = 5000

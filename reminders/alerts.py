@@ -1,5 +1,6 @@
-"""Alerts (article 002): nothing goes dead silently. An alert is a structured ERROR log line and,
-when ``ALERT_WEBHOOK_URL`` is set (a chat channel's webhook), a POST there."""
+"""Alerts: nothing goes dead silently (docs/architecture.md, invariant 8). An alert is a
+structured ERROR log line and, when ``ALERT_WEBHOOK_URL`` is set (a chat channel's webhook), a
+POST there."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Delivery gateways (article 002): a batch in, one result per message out.
+"""Delivery gateways (docs/reminders.md, Deliver): a batch in, one result per message out.
 
 A gateway never retries by itself: it reports which messages failed, and only those are retried
 (by the engine's nack, with backoff) or, past the attempt limit, sent to the dead queue with an

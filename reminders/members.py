@@ -1,7 +1,7 @@
 """Where a coupon reminder lives in the engine: its topic and its member string, written once.
 
 A reminder's engine entry is its subscription id in base 36 (``"bkrfgg"`` for 700,000,000) in
-slot ``crc32(user_id) & (slots - 1)`` (article 000's ``userId % queueCount``) of the topic of its
+slot ``crc32(user_id) & (slots - 1)`` (docs/reminders.md, Subscribe) of the topic of its
 coupon's priority. Why so terse: Redis keeps each member in a string of its own beside the sorted
 set's skiplist node and hash entry, and a member of up to six characters takes an 8-byte
 allocation where a decimal id of up to twelve digits takes 16 and the

@@ -29,7 +29,7 @@ MAX_LATE_LIMIT = timedelta(days=7)
 
 
 class TimeoutJob(models.Model):
-    """A generic "do X at time T" job (article 001's task table)."""
+    """A generic "do X at time T" job (docs/timeouts.md)."""
 
     class Status(models.IntegerChoices):
         PENDING = 0, "Pending"
@@ -384,7 +384,7 @@ class ReminderSettings(LiveSettings):
             "longer be claimed before the due moment withdraws them. 0 turns it off."
         ),
     )
-    # Article 002: one carefully chosen notification per user per day, not ten.
+    # The per-user push cap (docs/reminders.md, Push cap).
     push_cap_per_day = models.PositiveIntegerField(
         "pushes per user per day",
         default=0,

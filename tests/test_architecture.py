@@ -1,4 +1,4 @@
-"""The layering of DESIGN.md section 1, as ``make lint`` checks it (import-linter contracts in
+"""The layering of docs/architecture.md, as ``make lint`` checks it (import-linter contracts in
 pyproject.toml): the tree keeps every contract, and a forbidden import breaks them."""
 
 from __future__ import annotations

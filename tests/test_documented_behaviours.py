@@ -1,4 +1,4 @@
-"""Behaviours the README and DESIGN.md promise, each with a test of its own (issue 13, item 12):
+"""Behaviours the README and docs/ promise, each with a test of its own (issue 13, item 12):
 the PostgreSQL schema's invariants, the demo admin command, delivery backpressure, the "drop"
 late policy, and the delivery's lock timeout. Real PostgreSQL, real Redis."""
 

@@ -1,7 +1,7 @@
 """The whole benchmark suite in one sitting (``manage.py bench_all``, ``make bench``).
 
 Machines of the same kind differ 2-3x from run to run, so every figure is printed beside the raw
-limit of the same work measured in the same run, and the targets are ratios (DESIGN.md section 8):
+limit of the same work measured in the same run, and the targets are ratios (docs/performance.md):
 
 - dispatch rate / the bare Lua pop-and-ack loop;
 - reminders end to end (200,000 in the inbox) / a bare SQL loop doing the same inbox writes;
@@ -198,7 +198,7 @@ def figures(result: dict[str, Any]) -> list[Figure]:
     return rows
 
 
-# DESIGN.md section 8: the targets as ratios of one run (key -> the minimum).
+# docs/performance.md: the targets as ratios of one run (key -> the minimum).
 RATIO_TARGETS = {
     "reminders_end_to_end_of_raw_inbox": 0.6,
     "reminders_dispatch_of_raw_lua": 0.3,
@@ -210,7 +210,7 @@ RATIO_TARGETS = {
 
 
 def ratios(result: dict[str, Any]) -> dict[str, Any]:
-    """DESIGN.md section 8's keys: each target as a ratio measured in this run (None: that part
+    """docs/performance.md's keys: each target as a ratio measured in this run (None: that part
     did not run), and beside them the figures whose targets are absolute."""
     r, e, c = result.get("reminders", {}), result.get("expiry", {}), result.get("claims", {})
     b, t = result.get("backlog", {}), result.get("timeouts", {})
@@ -229,7 +229,7 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def at_a_glance(result: dict[str, Any]) -> dict[str, Any]:
-    """The figures DESIGN.md section 8 sets absolute targets for, beside the ratios."""
+    """The figures docs/performance.md sets absolute targets for, beside the ratios."""
     r, b, t = result.get("reminders", {}), result.get("backlog", {}), result.get("timeouts", {})
     return {
         "burst_p99_ms": r.get("burst_p99_ms"),

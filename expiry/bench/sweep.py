@@ -1,4 +1,4 @@
-"""The expiry benchmark behind ``manage.py bench_expiry`` (DESIGN section 8).
+"""The expiry benchmark behind ``manage.py bench_expiry`` (docs/performance.md).
 
 It loads N claimed coupons with N due expiry tasks under a dedicated bench coupon, runs K sweeper
 processes at once (``services.expiry_sweep_due``, the code path of ``run_expiry_sweeper``) until

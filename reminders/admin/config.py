@@ -23,7 +23,7 @@ class ReminderSettingsAdmin(admin.ModelAdmin):
         ("Delivery", {"fields": ["gateway", "prestage_ms", "visibility_timeout_ms", "max_attempts",
                                  "backoff_ms", "merge_window_ms", "late_policy", "late_limit",
                                  "max_delivery_queue"]}),
-        ("Notification policy (article 002)", {"fields": ["push_cap_per_day", "over_cap"]}),
+        ("Notification policy", {"fields": ["push_cap_per_day", "over_cap"]}),
         ("Console warnings", {"fields": ["backlog_warning", "lateness_warning_ms"]}),
         ("Tenant quotas (each API account that is not staff)",
          {"fields": ["quota_pending_per_topic", "quota_creations_per_s",

@@ -1,4 +1,4 @@
-"""The Redis sorted-set timeout engine (articles 001 and 000): plain Python on redis-py.
+"""The Redis sorted-set timeout engine (docs/engine.md): plain Python on redis-py.
 
 Invariants (every module in this package keeps them):
 

@@ -320,7 +320,7 @@ class Dispatcher:
                     self.on_error(exc)
 
     def _due_slots(self, topic: Topic, now_ms: int) -> list[int]:
-        """Owned slots with something due, in article 000's round-robin order (one pipeline)."""
+        """Owned slots with something due, in round-robin order (one pipeline)."""
         owned = self.leases.owned(topic.name)
         heads = queue.heads(topic.name, owned, client=self.client)
         due = [slot for slot in owned if heads[slot] is not None and heads[slot] <= now_ms]

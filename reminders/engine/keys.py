@@ -38,7 +38,7 @@ def prefix() -> str:
 
 
 def slot_for(slot_basis: object, slots: int) -> int:
-    """Article 001's CRC32 slot choice (``slots`` a power of two)."""
+    """The CRC32 slot choice (``slots`` a power of two)."""
     return zlib.crc32(str(slot_basis).encode()) & (slots - 1)
 
 
@@ -93,7 +93,7 @@ def singleton(name: str) -> str:
 
 
 def round_robin(topic: str) -> str:
-    """Article 000's ``INCR`` counter choosing which owned slot a worker polls first."""
+    """The shared ``INCR`` counter choosing which owned slot a worker polls first."""
     return f"{prefix()}:rr:{topic}"
 
 

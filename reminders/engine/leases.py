@@ -134,7 +134,7 @@ def assign_slots(worker_id: str, live: Sequence[str], topic: str, slot_count: in
 
 
 def poll_order(topic: str, owned: Sequence[int], *, client: Client | None = None) -> list[int]:
-    """Owned slots rotated to start where article 000's shared ``INCR`` counter points."""
+    """Owned slots rotated to start where the workers' shared ``INCR`` counter points."""
     if len(owned) < 2:
         return list(owned)
     start = connection.client(client).incr(keys.round_robin(topic)) % len(owned)

@@ -1,4 +1,4 @@
-"""Topics (article 001): a name, a power-of-two slot count, a handler, and their runtime settings.
+"""Topics: a name, a power-of-two slot count, a handler, and their runtime settings.
 
 A handler takes the batch of claimed entries of one slot and says, per entry, what happened:
 ``OK`` (acked), ``DROP`` (acked and counted: the job can no longer help), ``Retry(error)`` (back
@@ -63,7 +63,7 @@ class TopicSettings:
     slots: int = 16
     batch_size: int = 1000
     visibility_ms: int = 30_000  # a claimed job not acked by then is reaped and retried
-    max_attempts: int = 16  # article 001: dead after 16 attempts
+    max_attempts: int = 16  # dead after 16 attempts
     backoff_base_ms: int = 1_000  # retry n waits min(cap, base * 2^(n-1))
     backoff_cap_ms: int = 300_000
     paused: bool = False

@@ -1,4 +1,4 @@
-"""Coupon reminders on the engine: the ``coupon.reminder`` topic's handler (article 000).
+"""Coupon reminders on the engine: the ``coupon.reminder`` topic's handler (docs/reminders.md).
 
 A claimed batch of one slot is handed on to delivery as it is, in Celery batches
 (``deliver_reminders``), never one task per reminder: the entries one claim round hands on, over

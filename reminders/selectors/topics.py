@@ -1,4 +1,4 @@
-"""The generic timeout topics (article 001): ``TimeoutTopic`` rows, edited while the service
+"""The generic timeout topics (docs/timeouts.md): ``TimeoutTopic`` rows, edited while the service
 runs, and the read-only ones in ``settings.TIMEOUT_TOPICS`` (which win a name clash).
 
 ``coupon.reminder`` (and its high-priority twin) are built in (``reminders.members``); generic

@@ -1,4 +1,4 @@
-"""The per-user push cap (article 002: one carefully chosen notification per user per day).
+"""The per-user push cap (docs/reminders.md, Push cap).
 
 ``ReminderSettings.push_cap_per_day`` = N: in any rolling 24 hours a user gets at most N pushed
 notifications. A reminder over the cap still lands in the inbox, unpushed (``push = false``);

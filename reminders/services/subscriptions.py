@@ -1,11 +1,11 @@
-"""Coupon reminder subscriptions (article 000) on the engine's ``coupon.reminder`` topic.
+"""Coupon reminder subscriptions (docs/reminders.md) on the engine's ``coupon.reminder`` topic.
 
 Invariants:
 - one subscription per (user, coupon); subscribing twice is a no-op;
 - ``remind_at = coupon.claim_opens_at - coupon.reminder_lead``;
 - the row commits first and is indexed in Redis on commit; the entry's member is the
-  subscription id (``members.member``) in slot ``crc32(user_id) & (slots - 1)`` (article
-  000's ``userId % queueCount``), and the slot is stored on the row so a cancel finds the entry
+  subscription id (``members.member``) in slot ``crc32(user_id) & (slots - 1)``, and the
+  slot is stored on the row so a cancel finds the entry
   after the slot count changed.
 """
 

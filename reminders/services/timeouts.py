@@ -1,4 +1,4 @@
-"""Generic timeout jobs (article 001's task table): create, cancel, re-index. Firing them is
+"""Generic timeout jobs (docs/timeouts.md): create, cancel, re-index. Firing them is
 ``reminders.handlers.timeout_jobs``.
 
 Invariants:

@@ -1,7 +1,7 @@
-"""Article 002's notification policy with real processes: at most N pushes per user per rolling
-day, enforced across a reminder worker and two Celery worker processes; what is over the cap
-lands in the inbox unpushed, and (digest policy) rides on the user's next allowed push.
-Exactly once still holds: every reminder is in the inbox once."""
+"""The per-user push cap (docs/reminders.md) with real processes: at most N pushes per user
+per rolling day, enforced across a reminder worker and two Celery worker processes; what is
+over the cap lands in the inbox unpushed, and (digest policy) rides on the user's next allowed
+push. Exactly once still holds: every reminder is in the inbox once."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""High-priority coupons' reminders are claimed before normal ones when both are due (article
-000's "priority-aware scheduling"): the dispatcher in-process, Celery eager, real DB and Redis."""
+"""High-priority coupons' reminders are claimed before normal ones when both are due
+(docs/reminders.md): the dispatcher in-process, Celery eager, real DB and Redis."""
 
 import itertools
 from datetime import timedelta

@@ -1,4 +1,4 @@
-"""bench_all's JSON: DESIGN.md section 8's ratios and figures, computed from one run's parts."""
+"""bench_all's JSON: docs/performance.md's ratios and figures, computed from one run's parts."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ RUN = {
 }  # fmt: skip
 
 
-def test_every_target_of_design_section_8_reads_as_a_ratio_of_the_run():
+def test_every_performance_target_reads_as_a_ratio_of_the_run():
     ratios = bench_all.ratios(RUN)
     assert ratios == {
         "reminders_end_to_end_of_raw_inbox": 0.625,  # 25,000/s of 40,000/s

@@ -13,8 +13,8 @@ app = Celery("couponcenter")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 # Celery's Django fixup closes every database connection before and after every task unless this
-# is set, so each delivery task paid a new PostgreSQL connection (about 10 ms, more than the
-# delivery itself). Instead connections live as Django's own request cycle keeps them:
+# is set, so each delivery task would pay for a new PostgreSQL connection (about 10 ms, more than
+# the delivery itself). Instead connections live as Django's own request cycle keeps them:
 # ``close_old_connections`` around each task honours CONN_MAX_AGE and drops broken ones.
 app.conf.CELERY_DB_REUSE_MAX = 2**31
 

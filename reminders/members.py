@@ -4,14 +4,14 @@ A reminder's engine entry is its subscription id in base 36 (``"bkrfgg"`` for 70
 slot ``crc32(user_id) & (slots - 1)`` (docs/reminders.md, Subscribe) of the topic of its
 coupon's priority. Why so terse: Redis keeps each member in a string of its own beside the sorted
 set's skiplist node and hash entry, and a member of up to six characters takes an 8-byte
-allocation where a decimal id of up to twelve digits takes 16 and the
-``"<subscription>:<user>:<coupon>"`` of earlier releases 32. At ten million pending reminders
-that is the difference between 137 and 114 bytes each. Everything else a reminder needs (user,
+allocation where a decimal id of up to twelve digits takes 16 and the long form
+``"<subscription>:<user>:<coupon>"`` 32; a pending reminder then costs about 114 bytes of Redis
+(``bench_backlog``). Everything else a reminder needs (user,
 coupon, due time) is read from its row at delivery, which reads the row anyway.
 
-Members written by earlier releases (``"<subscription id>:<user id>:<coupon id>"``, decimal)
-still parse, so entries indexed before an upgrade are delivered, cancelled and shown as before;
-``legacy_member`` spells one, for the cancels that must find either form.
+The long form (``"<subscription id>:<user id>:<coupon id>"``, decimal) still parses, since Redis
+may still hold entries indexed in it: they are delivered and shown like any other;
+``legacy_member`` spells one, for the searches that must find either form.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ REMINDER_TOPICS = (REMINDER_TOPIC_HIGH, REMINDER_TOPIC)
 
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 # Every two-digit group, zero-padded: a member is built two digits a step (bulk indexing builds
-# millions of them; a digit a step was a sixth of the rebuild's time).
+# millions of them, and a digit a step would add a sixth to the rebuild's time).
 _PAIRS = [a + b for a in _DIGITS for b in _DIGITS]
 _PAIR = len(_PAIRS)  # 1296
 
@@ -51,7 +51,7 @@ def member(sub_id: int) -> str:
 
 
 def legacy_member(sub_id: int, user_id: int, coupon_id: int) -> str:
-    """The member earlier releases wrote for the same subscription."""
+    """The long-form member of the same subscription (see the module docstring)."""
     return f"{sub_id}:{user_id}:{coupon_id}"
 
 

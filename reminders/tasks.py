@@ -22,6 +22,6 @@ def deliver_reminders(batch: dict) -> dict[str, int]:
 @shared_task(name="reminders.tasks.log_timeout_job")
 def log_timeout_job(jobs: list[dict] | None = None, job: dict | None = None) -> None:
     """The demo action of the ``order.close`` topic: log each fired job of the batch (``job``:
-    a single job, as tasks published before batches were)."""
+    a single job, the form of tasks a queue may still hold from before batches)."""
     for one in jobs if jobs is not None else [job]:
         logger.info("order.close fired", extra={"job": one})

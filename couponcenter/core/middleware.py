@@ -28,8 +28,8 @@ class LazyMessageMiddleware(MessageMiddleware):
     """Django's message middleware, but the storage is built on first use.
 
     Only the admin uses messages; building the storage (cookie and session backends) on every
-    API request cost about 8 % of a claim's CPU. A request that never touched its messages has
-    nothing to store in the response.
+    API request would cost a claim a sizeable share of its CPU. A request that never touched its
+    messages has nothing to store in the response.
     """
 
     def process_request(self, request: HttpRequest) -> None:

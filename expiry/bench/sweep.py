@@ -10,9 +10,8 @@ side's time is the mean of its rounds: a drift of the machine during the run (an
 autovacuum, the disk's cache) falls on both sides alike, and one slow phase weighs half as much.
 
 Before them, an untimed warm-up phase (the bare loop over a full load, ``warmup``): the first
-phase of a run was the slowest one whichever side it was (a run's first 1M sweep after a quiet
-spell took 9.0 s, its later ones 7.1-7.7 s; session 13's table has three more such), and with
-the turns above that first phase is always ours. Its time is reported, never counted.
+phase of a run is the slowest one whichever side it is (cold caches after a quiet spell), and
+with the turns above that first phase would always be ours. Its time is reported, never counted.
 
 On PostgreSQL each timed phase starts right after a ``CHECKPOINT``, so both pay the same full-page
 images for every page they touch first (as a nightly sweep over rows claimed long before does),

@@ -79,7 +79,7 @@ def handle_reminders(topic: str, parcel: Parcel, slot: int) -> Result:
 # Per topic, the parcels this round handed on and has not published yet.
 _outbox: dict[str, list[Parcel]] = defaultdict(list)
 # Per topic, this round's dispatched count, recorded once at its end (a burst's round claims a
-# hundred batches; a metrics round trip for each was a fifth of its time).
+# hundred batches, and a metrics round trip for each would add a fifth to its time).
 _round_counts: dict[str, Counter[str]] = defaultdict(Counter)
 
 

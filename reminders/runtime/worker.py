@@ -57,8 +57,8 @@ class Reconciler:
 
     ``background``: the periodic reconcile runs in a thread of its own (the worker process), not
     in the dispatch loop's: it reads every reminder due within the window and re-indexes it, and
-    with 50,000 due in the next minutes that held up every claim for half a second, once a
-    minute (seen as a 0.5 s spike of lateness in the steady benchmark). One runs at a time; a
+    with 50,000 due in the next minutes that would hold up every claim for half a second, once a
+    minute. One runs at a time; a
     call while it is still running does nothing. The full rebuild stays in the loop: after a
     loss Redis has nothing to claim until it is done.
     """

@@ -138,7 +138,7 @@ def dead_letter_search(term: str, *, pairs: list[tuple[str, int]]) -> list[DeadL
         for job in jobs.values("pk", "topic", "slot")[:100]:
             add(job["topic"], job["slot"], str(job["pk"]))
     reminders = topics & set(REMINDER_TOPICS)
-    if term.count(":") == 2:  # a whole reminder member of an earlier release
+    if term.count(":") == 2:  # a whole reminder member in the long form
         for name, s in pairs:
             if is_reminder_topic(name):
                 add(name, s, term)
@@ -158,7 +158,7 @@ def dead_letter_search(term: str, *, pairs: list[tuple[str, int]]) -> list[DeadL
                 add(name, sub["slot"], legacy_member(sub["pk"], sub["user_id"], sub["coupon_id"]))
         for job in TimeoutJob.objects.filter(pk=number).values("pk", "topic", "slot"):
             add(job["topic"], job["slot"], str(job["pk"]))
-        for name in reminders:  # members of earlier releases name their user
+        for name in reminders:  # long-form members name their user
             for s in {keys.slot_for(number, n) for n in queue.slot_layouts(name)}:
                 for job_id in _scan_dead(name, s, f"*:{number}:*"):
                     add(name, s, job_id)

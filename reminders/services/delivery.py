@@ -3,10 +3,10 @@
 A batch is what the dispatcher handed on from one claim round, one engine parcel per claimed
 batch: ``{"topic", "parcels": [[slot, parcel id, "member,member,..."], ...], "attempts":
 {member: n}}`` (members as ``reminders.members`` spells them; a member missing from ``attempts``
-is on its first attempt). Each parcel is settled whole once the batch is done. The forms of
-earlier releases, ``{"topic", "parts": [[slot, [member, ...]], ...]}`` and ``{"topic", "slot",
-"members"}``, whose entries are in flight one by one, are still accepted (tasks queued across an
-upgrade).
+is on its first attempt). Each parcel is settled whole once the batch is done. The per-entry
+forms ``{"topic", "parts": [[slot, [member, ...]], ...]}`` and ``{"topic", "slot",
+"members"}``, whose entries are in flight one by one, are accepted too: a Celery queue may hold
+tasks in them while a deploy rolls.
 
 Invariants:
 - a subscription is delivered only while it is ``scheduled``, and only while its coupon can still
@@ -22,8 +22,8 @@ Invariants:
 - only failed messages are retried (``settle_parcels``, with backoff); past ``max_attempts`` they
   are dead in the engine, ``failed`` in the database, and an alert is raised;
 - entries leave the prepare set only after the database says what happened to them;
-- nothing is sent before its row's ``remind_at``: an entry that fired early (a stale copy, one an
-  earlier release indexed before its coupon moved) is put back at that time. The inbox stages
+- nothing is sent before its row's ``remind_at``: an entry that fired early (a stale copy, one
+  indexed before its coupon moved) is put back at that time. The inbox stages
   hidden only what falls due within the look-ahead window (``staged_withdraw`` waits on exactly
   those rows), and puts back what is due later.
 """
@@ -109,12 +109,12 @@ def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
                batch.get("parcels", ())]  # fmt: skip
     if parcels:
         slot_of = {member: slot for slot, _, members in parcels for member in members}
-    else:  # the forms of earlier releases, per-entry in flight (tasks queued across an upgrade)
+    else:  # the per-entry forms (tasks a Celery queue may still hold while a deploy rolls)
         parts = batch["parts"] if "parts" in batch else [[batch["slot"], batch["members"]]]
         slot_of = {member: slot for slot, members in parts for member in members}
     members = list(slot_of)
-    # An entry that names no subscription (written by hand, or by a release that spelled members
-    # otherwise) fails alone, retried and then dead where the console shows it, instead of
+    # An entry that names no subscription (written by hand, or in a spelling ``members`` does
+    # not read) fails alone, retried and then dead where the console shows it, instead of
     # failing its whole batch at every attempt.
     strays = {m for m in members if try_sub_id_of(m) is None}
     if strays:
@@ -163,9 +163,9 @@ def _claim_rows(sql_where: str, params: list, sub_ids: list[int], sets: str, set
 
     By the primary key whatever the table's statistics say. With statistics taken while few
     reminders were scheduled (a quiet night, then a flood of subscriptions before autovacuum
-    analyses the table), PostgreSQL planned ``status = 'scheduled' AND id IN (...)`` on the
-    partial index of scheduled rows and walked all of them for every batch (26 ms a batch with
-    200,000 scheduled, against 1 ms by key). ``sql_where`` tests the status as
+    analyses the table), PostgreSQL may plan ``status = 'scheduled' AND id IN (...)`` on the
+    partial index of scheduled rows and walk all of them for every batch, tens of times slower
+    than by key. ``sql_where`` tests the status as
     ``STILL_SCHEDULED``, which no partial index matches, and sequential scans are off for these
     statements alone, so the primary key is the only way in."""
     rows = []
@@ -241,7 +241,7 @@ def _deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings)
 
 def _early_items(member_of: dict[int, str], claimed: set[int], horizon: datetime) -> list[Item]:
     """The batch's rows still ``scheduled`` and due after ``horizon``: their entries fired
-    early (a stale copy, one an earlier release indexed before its coupon moved)."""
+    early (a stale copy, one indexed before its coupon moved)."""
     rest = [pk for pk in member_of if pk not in claimed]
     rows = ReminderSubscription.objects.filter(
         pk__in=rest, status=Status.SCHEDULED, remind_at__gt=horizon
@@ -390,8 +390,8 @@ def _merge(items: list[Item], window_ms: int) -> list[Group]:
     coupons = _coupon_info({item.coupon_id for item in items})
     groups = [Group(user_id, group_items) for (user_id, _), group_items in by_key.items()]
     # One clock reading per batch, and each opening's words worked out once: a burst is 2,000
-    # messages a batch about one coupon, and the local-time conversions per message were a
-    # fifth of delivery's time.
+    # messages a batch about one coupon, and a local-time conversion per message would add a
+    # fifth to delivery's time.
     now, whens = timezone.now(), {}
     for group in groups:
         group.message = _message(group, coupons, now, whens)

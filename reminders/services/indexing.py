@@ -1,7 +1,7 @@
 """Subscriptions in the engine's index: their entries follow the rows once a transaction commits.
 
 The member of a subscription's entry is its id in base 36 (``members.member``) in its stored slot,
-on the topic of its priority. An entry an earlier release indexed under its old member is not
+on the topic of its priority. An entry indexed under the long member form (``members``) is not
 looked for: its row decides what it does when it fires (delivery acts only on scheduled rows, and
 never shows or sends one before its row's ``remind_at``), and the reconcile prunes it once its row
 is final.

@@ -13,7 +13,8 @@ without a round trip while the window's count as Redis last answered, plus what 
 through since, is under the limit. So a process is exact on its own, and all processes together
 may let through up to the requests the *other* processes admitted since this one's last sync
 (within one ``sync_ms``) above the limit; at the limit every request asks Redis, so a caller
-held back stays held back. A round trip per claim was 12 % of a claim's CPU.
+held back stays held back. Batching spares each claim a Redis round trip, a sizeable share of
+its CPU.
 
 If Redis cannot be reached the throttle lets the request through (and logs): a throttle outage
 must not turn into a claim outage.

@@ -6,7 +6,7 @@ path (``UserCouponListApi.claim_lean``): for the common request (a valid ``Token
 string) it authenticates, checks the permission, throttles and claims without DRF's per-request
 machinery (request wrapper, content negotiation, serializers), which cost more CPU than the claim
 itself. Every other request, and every request the lean path would refuse before claiming, goes
-through DRF as before, so all error answers (400 / 401 / 403 / 404 / 405 / 415 / 429) are DRF's
+through DRF, so all error answers (400 / 401 / 403 / 404 / 405 / 415 / 429) are DRF's
 own; the lean path itself only answers 201, 404 (unknown coupon) and 409, built the same way.
 """
 

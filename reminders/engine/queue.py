@@ -297,7 +297,7 @@ def bury(
                 backoff_cap_ms=0, lease_token=lease_token, client=client)  # fmt: skip
 
 
-# --- settling entries a handler handed on (invariant 7: not fenced) ----------------------------
+# --- settling entries a handler handed on (invariant 6: not fenced) ----------------------------
 
 HANDED_TOKEN = "handed-on"
 

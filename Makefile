@@ -59,6 +59,9 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(PY) bin/check-imports
+	$(PY) bin/check-duplicates
+	$(VENV)/bin/mypy
 
 format: install
 	$(VENV)/bin/ruff format .

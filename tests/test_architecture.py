@@ -1,12 +1,16 @@
-"""The layering of docs/architecture.md, as ``make lint`` checks it (import-linter contracts in
-pyproject.toml): the tree keeps every contract, and a forbidden import breaks them."""
+"""The checks of ``make lint`` that guard the tree's shape: the layering of docs/architecture.md
+(import-linter contracts in pyproject.toml), imports of modules that do not exist, and code written
+twice. Each holds on the tree as it is, and each breaks on a copy of the tree spoiled the way it
+guards against."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -62,3 +66,67 @@ def test_a_forbidden_import_breaks_a_contract(copy_of_the_tree, module, forbidde
     assert result.returncode != 0
     broken = [line for line in result.stdout.splitlines() if " BROKEN" in line]
     assert any(contract in line for line in broken), result.stdout
+
+
+def run_check(name: str, root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bin" / name), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_every_import_names_something_that_exists():
+    result = run_check("check-imports", ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("added", "said"),
+    [
+        (
+            "if TYPE_CHECKING:\n    from reminders.runtime import gone\n",
+            "'reminders.runtime' has no 'gone'",
+        ),
+        (
+            "def later():\n    from reminders.engine.queue import no_such_name\n",
+            "'reminders.engine.queue' has no 'no_such_name'",
+        ),
+        ("import no_such_package_anywhere\n", "no installed module 'no_such_package_anywhere'"),
+    ],
+)
+def test_an_import_of_nothing_fails_the_check(copy_of_the_tree, added, said):
+    path = copy_of_the_tree / "expiry" / "selectors.py"
+    original = path.read_text()
+    path.write_text(f"{original}\nfrom typing import TYPE_CHECKING\n{added}")
+    try:
+        result = run_check("check-imports", copy_of_the_tree)
+    finally:
+        path.write_text(original)
+    assert result.returncode == 1
+    assert "expiry/selectors.py:" in result.stdout and said in result.stdout, result.stdout
+
+
+def test_the_production_code_says_nothing_twice():
+    result = run_check("check-duplicates", ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_copied_block_fails_the_duplicate_check(copy_of_the_tree):
+    source = copy_of_the_tree / "expiry" / "sweeper.py"
+    target = copy_of_the_tree / "expiry" / "selectors.py"
+    tree = ast.parse(source.read_text())
+    longest = max(
+        (node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)),
+        key=lambda node: node.end_lineno - node.lineno,
+    )
+    block = textwrap.dedent(ast.get_source_segment(source.read_text(), longest, padded=True))
+    original = target.read_text()
+    target.write_text(f"{original}\n\n{block}\n")
+    try:
+        result = run_check("check-duplicates", copy_of_the_tree)
+    finally:
+        target.write_text(original)
+    assert result.returncode == 1
+    assert "expiry/selectors.py" in result.stdout and "expiry/sweeper.py" in result.stdout

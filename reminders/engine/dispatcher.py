@@ -10,6 +10,10 @@ earliest due entry in the owned slots, whichever is sooner.
 
 A batch whose ack or nack hits LeaseLost is dropped in hand: another worker owns the slot now,
 and the entries come back to it through the reaper after the visibility timeout.
+
+The upkeep of the slots (heartbeat, leases, promotion, reaping, housekeeping) is
+``maintenance.Maintenance``; what is left here is one loop whose steps share a tick's state
+(its report, its budget, the slots in hand), so it stays one module.
 """
 
 from __future__ import annotations
@@ -415,30 +419,20 @@ class Dispatcher:
                 break
         return total
 
-    def _renew_leases(self) -> None:
-        """The renewer thread: the slot leases are extended every third of their time, however
-        long the loop's current round takes, unless the loop is stuck in one tick for longer
-        than ``stall_ms`` (then they lapse and other workers take the slots over). It also says
-        the process is alive, so that a stuck loop shows as stalled, not as gone."""
-        while not self._stop.wait(max(self.leases.ttl_ms / 3000, 0.05)):
-            try:
-                leases.beat_alive(self.worker_id, now_ms=self.clock(), client=self.client)
-            except Exception:  # Redis down: the loop's own errors say so
-                log.debug("alive beat failed", exc_info=True)
-            if (time.monotonic() - self._tick_started) * 1000 > self.stall_ms:
-                continue
-            try:
-                for topic, slot in self.leases.renew():
-                    log.warning("lease lost on %s:%s (renewer)", topic, slot)
-            except Exception:  # Redis down: the loop's own errors say so
-                log.debug("lease renewal failed", exc_info=True)
+    def _stalled(self) -> bool:
+        return (time.monotonic() - self._tick_started) * 1000 > self.stall_ms
 
     def run_forever(self) -> None:
         """Tick until ``stop()``; the process wires its signals to it (SIGTERM and SIGINT in
         the reminder worker)."""
         log.info("worker %s starting", self.worker_id)
         next_tick = time.monotonic()
-        renewer = threading.Thread(target=self._renew_leases, name="lease-renewer", daemon=True)
+        renewer = threading.Thread(
+            target=self.maintenance.renew_leases,
+            args=(self._stop, self._stalled),
+            name="lease-renewer",
+            daemon=True,
+        )
         renewer.start()
         try:
             while not self._stop.is_set():

@@ -13,6 +13,10 @@ At most every ``every_ms`` (and at once when a topic is added or resized), one p
 - housekeeping, by exactly one worker (the ``housekeeping`` singleton lease): the process's own
   chores (the reminder worker's database reconcile).
 
+Apart from the passes, a renewer thread (``renew_leases``) keeps the slot leases and an "alive"
+beat going while a round runs long, so a slow round does not lose its slots, and a stuck one is
+reported stalled.
+
 Between passes only a slot whose last promotion was full is promoted again, every tick, so a
 backlog that fell due while no worker ran is caught up a bounded script call at a time. The
 interval keeps a busy loop's round trips on claims; it must stay well under the lease time.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 
 from . import leases, queue
@@ -95,6 +100,24 @@ class Maintenance:
         if self.behind:
             self._promote(topics, behind_only=True)
         return 0
+
+    def renew_leases(self, stop: threading.Event, stalled: Callable[[], bool]) -> None:
+        """The renewer thread, until ``stop``: the slot leases are extended every third of their
+        time, however long the loop's current round takes, unless the loop is ``stalled`` (stuck
+        in one tick: then they lapse and other workers take the slots over). It also says the
+        process is alive, so that a stuck loop shows as stalled, not as gone."""
+        while not stop.wait(max(self.leases.ttl_ms / 3000, 0.05)):
+            try:
+                leases.beat_alive(self.worker_id, now_ms=self.clock(), client=self.client)
+            except Exception:  # Redis down: the loop's own errors say so
+                log.debug("alive beat failed", exc_info=True)
+            if stalled():
+                continue
+            try:
+                for topic, slot in self.leases.renew():
+                    log.warning("lease lost on %s:%s (renewer)", topic, slot)
+            except Exception:  # Redis down: the loop's own errors say so
+                log.debug("lease renewal failed", exc_info=True)
 
     def release(self) -> None:
         """Give up the singleton leases at shutdown, so another worker takes them at once."""

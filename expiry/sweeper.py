@@ -3,14 +3,14 @@
 Each pass re-reads ``ExpirySettings`` (so admin edits apply without a restart), sweeps every due
 task in batches, deletes old processed tasks, and records its figures in Redis. Between passes it
 sleeps until the next task falls due or the interval ends, whichever comes first, measured from
-the start of the pass so the schedule does not drift. SIGTERM/SIGINT set a flag: the batch in
-flight commits, then the process exits. A failed pass is logged and retried on the next one.
+the start of the pass so the schedule does not drift. ``stop()`` (SIGTERM/SIGINT, wired by the
+command) sets a flag: the batch in flight commits, then the process exits. A failed pass is logged
+and retried on the next one.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -60,10 +60,6 @@ class Sweeper:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
-
-    def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self.stop)
-        signal.signal(signal.SIGINT, self.stop)
 
     # --- one pass ---------------------------------------------------------------------------------
 

@@ -1,8 +1,11 @@
-"""Process-wide settings for the long-running workers (the dispatch loop, Celery's children)."""
+"""Process-wide settings for the long-running workers (the dispatch loop, the expiry sweeper,
+Celery's children)."""
 
 from __future__ import annotations
 
 import gc
+import signal
+from collections.abc import Callable
 
 # Allocations between young-generation collections (Python's default: 700).
 GC_GEN0_THRESHOLD = 20_000
@@ -17,3 +20,10 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+
+
+def stop_on_signals(stop: Callable[[int, object], object]) -> None:
+    """SIGTERM and SIGINT call a loop's ``stop``, which only sets its flag (all a signal handler
+    may safely do): the loop finishes the work in hand, then returns."""
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)

@@ -1,24 +1,25 @@
 """The dispatch loop: one object per worker process, ``run_once()`` per tick.
 
-A tick: read the config, heartbeat, work out which slots this worker should own, sync the slot
-leases, move what falls due in the next minutes from ``later`` into ``store`` in our slots, reap
-expired in-flight entries if we hold the reaper singleton, then claim due entries
-batch by batch, round-robin over the owned slots (starting where the shared INCR counter points),
-hand each batch to its topic's handler and ack / nack / bury per item, then call each topic's
-``flush`` hook (a handler may gather a round's batches into one hand-off). A tick stops claiming
-when every slot came back short or its time budget (a third of the lease time) is spent; the loop
-then sleeps until the next tick or the earliest due entry in the owned slots, whichever is sooner.
+A tick: read the config, let ``Maintenance`` heartbeat, sync the slot leases, promote and reap
+when its pass is due, then claim due entries batch by batch, round-robin over the owned slots
+(starting where the shared INCR counter points), hand each batch to its topic's handler and
+ack / nack / bury per item, then call each topic's ``flush`` hook (a handler may gather a round's
+batches into one hand-off). A tick stops claiming when every slot came back short or its time
+budget (a third of the lease time) is spent; the loop then sleeps until the next tick or the
+earliest due entry in the owned slots, whichever is sooner.
 
 A batch whose ack or nack hits LeaseLost is dropped in hand: another worker owns the slot now,
 and the entries come back to it through the reaper after the visibility timeout.
+
+The upkeep of the slots (heartbeat, leases, promotion, reaping, housekeeping) is
+``maintenance.Maintenance``; what is left here is one loop whose steps share a tick's state
+(its report, its budget, the slots in hand), so it stays one module.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ import redis
 
 from . import leases, queue
 from .connection import Client
+from .maintenance import Maintenance
 from .scripts import Claimed, LeaseLost, Parcel
 from .topics import (
     HANDED_ON,
@@ -51,8 +53,6 @@ ERROR_SLEEP_S = 1.0  # after a failed tick (Redis down, handler bug in setup)
 # rebuild), but not for a loop stuck this long in one tick: its slots should go to others, and
 # its worker is reported stalled (``leases.stalled_workers``, the health check).
 STALL_MS = 60_000
-REAP_LIMIT = 1000  # expired in-flight jobs moved back per slot per tick (a parcel whole)
-PRUNE_EVERY_MS = 10_000  # how often the reaper forgets drained layouts and long-dead workers
 _DONE = (Outcome.OK, Outcome.DROP)
 
 
@@ -84,74 +84,82 @@ class ClaimBudget(Protocol):
         """The claim found fewer due entries than it was allowed: return the rest."""
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """What the process running the loop plugs into it; the loop runs without any.
+
+    ``may_claim(topic)``: backpressure; False skips claiming that topic (its due entries wait
+    in Redis), asked before each batch. ``budget``: caps each claim (rate limits, executors'
+    room). ``housekeeping``: chores run by exactly one worker at each maintenance pass (the
+    database reconcile; see ``maintenance``). ``on_error``: told of a failed tick, flush or
+    chore (to close stale database connections). ``on_shutdown``: run first on shutdown
+    (executors finishing what they hold). ``handed_counts``: running totals ("acked",
+    "retried", "dead") of entries handed on and settled in this process since it started; each
+    tick reports what they grew by. ``load``: per topic [in flight, capacity] of this process's
+    executors, heartbeated."""
+
+    may_claim: Callable[[Topic], bool] | None = None
+    budget: ClaimBudget | None = None
+    housekeeping: Sequence[Callable[[], object]] = ()
+    on_error: Callable[[BaseException], None] | None = None
+    on_shutdown: Sequence[Callable[[], None]] = ()
+    handed_counts: Callable[[], dict[str, int]] | None = None
+    load: Callable[[], dict[str, list[int]]] | None = None
+
+
 class Dispatcher:
     def __init__(
         self,
         topics: Sequence[Topic] | Callable[[], Sequence[Topic]] | None = None,
         *,
         config: ConfigProvider | None = None,
+        hooks: Hooks = Hooks(),
         worker_id: str | None = None,
         client: Client | None = None,
         clock: Callable[[], int] = wall_ms,
         version: str = "",
-        on_error: Callable[[BaseException], None] | None = None,
-        housekeeping: Sequence[Callable[[], object]] = (),
-        may_claim: Callable[[Topic], bool] | None = None,
         maintenance_every_ms: int = 0,
         min_sleep_ms: float = MIN_SLEEP_S * 1000,
-        budget: ClaimBudget | None = None,
-        on_shutdown: Sequence[Callable[[], None]] = (),
-        handed_counts: Callable[[], dict[str, int]] | None = None,
-        load: Callable[[], dict[str, list[int]]] | None = None,
         stall_ms: int = STALL_MS,
     ):
-        """``housekeeping``: callables run every tick by exactly one worker (a singleton lease),
-        e.g. the database reconcile. ``may_claim(topic)``: backpressure; False skips claiming
-        that topic this tick (its due entries wait in Redis). ``maintenance_every_ms``: heartbeat,
-        lease sync, reaping and housekeeping run at most this often (0: every tick), so a busy
+        """``topics``: a list, or a callable asked every tick (topics may come and go while the
+        worker runs). ``clock``: epoch ms. ``maintenance_every_ms``: heartbeat, lease sync,
+        promotion, reaping and housekeeping run at most this often (0: every tick), so a busy
         loop spends its round trips on claims; keep it well under the lease time.
         ``min_sleep_ms``: the shortest sleep between ticks; under a steady stream of due entries
         it sets how many one claim gathers (and so how many handler calls there are).
-        ``topics``: a list, or a callable asked every tick (topics may come and go while the
-        worker runs). ``budget``: caps each claim (rate limits, executors' room).
-        ``on_shutdown``: run first on shutdown (executors finishing what they hold).
-        ``handed_counts``: running totals ("acked", "retried", "dead") of entries handed on and
-        settled in this process since it started; each tick reports what they grew by.
-        ``load``: per topic [in flight, capacity] of this process's executors, heartbeated.
         ``stall_ms``: a tick running longer lets its leases lapse and reports the worker
         stalled."""
         self._topics = topics if topics is None or callable(topics) else list(topics)
-        self.budget = budget
-        self.on_shutdown = list(on_shutdown)
-        self.handed_counts = handed_counts
-        self.load = load
-        self._handed_seen: dict[str, int] = dict(handed_counts()) if handed_counts else {}
-        self._budget_cut: dict[str, bool] = {}  # the last claim of a topic got less than asked
         self.config = config or EngineSettings
         self.worker_id = worker_id or leases.new_worker_id()
         self.client = client
         self.clock = clock
-        self.version = version
-        self.on_error = on_error
-        self.housekeeping = list(housekeeping)
-        self.may_claim = may_claim or (lambda topic: True)
-        self.maintenance_every_ms = maintenance_every_ms
+        self.may_claim = hooks.may_claim or (lambda topic: True)
+        self.budget = hooks.budget
+        self.on_error = hooks.on_error
+        self.on_shutdown = list(hooks.on_shutdown)
+        self.handed_counts = hooks.handed_counts
+        self._handed_seen: dict[str, int] = (
+            dict(hooks.handed_counts()) if hooks.handed_counts else {}
+        )
+        self._budget_cut: dict[str, bool] = {}  # the last claim of a topic got less than asked
         self.min_sleep_s = min_sleep_ms / 1000
-        self._last_maintenance_ms: int | None = None
-        self._tick_started = time.monotonic()
         self.stall_ms = stall_ms
-        self._round_ms = 0  # the end of the last completed round, heartbeated
-        self._last_shape: tuple = ()
-        self.started_ms = clock()
+        self._tick_started = time.monotonic()
         self.leases = leases.SlotLeases(self.worker_id, client=client)
+        self.maintenance = Maintenance(
+            self.leases,
+            client=client,
+            clock=lambda: self.clock(),  # read through: a clock set on the dispatcher holds there
+            every_ms=maintenance_every_ms,
+            version=version,
+            housekeeping=hooks.housekeeping,
+            load=hooks.load,
+            on_error=hooks.on_error,
+        )
         self._stop = threading.Event()
         self._wake = threading.Event()  # wake(): room freed up somewhere, claim again now
-        self._layouts_seen: dict[str, int] = {}
-        self._last_prune_ms = 0
-        self.promote_limit = queue.PROMOTE_LIMIT  # jobs moved per slot and promotion
-        # Slots whose last promotion moved a full ``promote_limit`` (more may be waiting, e.g.
-        # what fell due in later while no worker ran): promoted again every tick until not.
-        self._behind: dict[str, set[int]] = {}
 
     def topics(self) -> list[Topic]:
         if self._topics is None:
@@ -166,19 +174,7 @@ class Dispatcher:
         cfg = self.config()
         self.leases.ttl_ms = cfg.lease_ms
         topics = [(topic, cfg.for_topic(topic)) for topic in topic_list]
-        report = TickReport()
-        now = self.clock()
-        shape = tuple((topic.name, ts.slots) for topic, ts in topics)
-        if (
-            self._last_maintenance_ms is None
-            or shape != self._last_shape
-            or (now - self._last_maintenance_ms >= self.maintenance_every_ms)
-        ):
-            self._last_maintenance_ms = now
-            self._last_shape = shape  # a topic added or resized gets its slots at once
-            self._maintain(cfg, topics, report)
-        elif any(self._behind.values()):
-            self._promote(topics, behind_only=True)
+        report = TickReport(reaped=self.maintenance.tick(cfg, topics))
         report.owned = {t.name: self.leases.owned(t.name) for t, _ in topics}
         working = [(topic, ts) for topic, ts in topics if not ts.paused and self.may_claim(topic)]
         try:
@@ -186,10 +182,10 @@ class Dispatcher:
         finally:
             self._flush(working)
         report.next_due_ms = self._next_due(working)
-        if any(self._behind.values()):
+        if self.maintenance.behind:
             report.busy = True  # more to promote: tick again at once
         self._count_handed(report)
-        self._round_ms = self.clock()
+        self.maintenance.round_ms = self.clock()
         return report
 
     def _count_handed(self, report: TickReport) -> None:
@@ -200,94 +196,6 @@ class Dispatcher:
             grew = now.get(name, 0) - self._handed_seen.get(name, 0)
             setattr(report, name, getattr(report, name) + grew)
         self._handed_seen = now
-
-    def _maintain(self, cfg: EngineSettings, topics, report: TickReport) -> None:
-        """Heartbeat, slot assignment and leases, reaping, housekeeping."""
-        served = {topic.name: self._served_slots(topic, ts) for topic, ts in topics}
-        self._heartbeat(cfg, [topic for topic, _ in topics])
-        live = leases.live_workers(now_ms=self.clock(), lease_ms=cfg.lease_ms, client=self.client)
-        wanted = {
-            name: leases.assign_slots(self.worker_id, live, name, n) for name, n in served.items()
-        }
-        for topic, slot in self.leases.sync(wanted).lost:
-            log.warning("lease lost on %s:%s", topic, slot)
-        self._promote(topics)
-        self._reap(topics, served, cfg, report)
-        self._housekeep(cfg)
-
-    def _promote(self, topics, *, behind_only: bool = False) -> None:
-        """In our slots, move what falls due within the next ``LATER_AFTER_MS`` (beyond each
-        topic's look-ahead) from ``later`` into ``store``, where the claims look, at most
-        ``promote_limit`` a slot. ``behind_only``: just the slots whose last promotion was full,
-        so a backlog that fell due while no worker ran is caught up tick by tick, a bounded
-        script call at a time, instead of once per maintenance interval."""
-        now, behind = self.clock(), {}
-        for topic, ts in topics:
-            slots = (self._behind.get(topic.name, ()) if behind_only
-                     else self.leases.owned(topic.name))  # fmt: skip
-            tokens = {slot: token for slot in slots
-                      if (token := self.leases.token(topic.name, slot)) is not None}  # fmt: skip
-            until = now + ts.lookahead_ms + queue.LATER_AFTER_MS
-            moved = queue.promote(topic.name, tokens, until_ms=until, limit=self.promote_limit,
-                                  client=self.client)  # fmt: skip
-            behind[topic.name] = {s for s, n in moved.items() if n >= self.promote_limit}
-        self._behind = behind  # a topic gone since is forgotten
-
-    def _served_slots(self, topic: Topic, ts: TopicSettings) -> int:
-        if self._layouts_seen.get(topic.name) != ts.slots:
-            queue.record_layout(topic.name, ts.slots, client=self.client)
-            self._layouts_seen[topic.name] = ts.slots
-        return queue.served_slot_count(topic.name, ts.slots, client=self.client)
-
-    def _heartbeat(self, cfg: EngineSettings, topics: list[Topic]) -> None:
-        info = leases.WorkerInfo(
-            worker_id=self.worker_id,
-            heartbeat_ms=self.clock(),
-            host=self.worker_id.split(":")[0],
-            pid=os.getpid(),
-            version=self.version,
-            started_ms=self.started_ms,
-            config_version=cfg.version,
-            owned={t.name: self.leases.owned(t.name) for t in topics},
-            load=self.load() if self.load is not None else {},
-            round_ms=self._round_ms,
-        )
-        leases.heartbeat(info, client=self.client)
-
-    def _reap(
-        self, topics, served: dict[str, int], cfg: EngineSettings, report: TickReport
-    ) -> None:
-        if not leases.try_singleton("reaper", self.worker_id, cfg.lease_ms, client=self.client):
-            return
-        now = self.clock()
-        for topic, ts in topics:
-            result = queue.reap(topic.name, range(served[topic.name]), now_ms=now, limit=REAP_LIMIT,
-                                max_attempts=ts.max_attempts, client=self.client)  # fmt: skip
-            report.reaped += result.retried + result.dead
-            if result.dead_ids and topic.on_dead is not None:
-                try:
-                    topic.on_dead(list(result.dead_ids))
-                except Exception:  # the entries are in the dead queue either way
-                    log.exception("on_dead of %s failed for %d jobs", topic.name,
-                                  len(result.dead_ids))  # fmt: skip
-        if now - self._last_prune_ms >= PRUNE_EVERY_MS:
-            self._last_prune_ms = now
-            for topic, ts in topics:
-                queue.prune_layouts(topic.name, ts.slots, client=self.client)
-            leases.prune_workers(now_ms=now, older_than_ms=10 * cfg.lease_ms, client=self.client)
-
-    def _housekeep(self, cfg: EngineSettings) -> None:
-        if not self.housekeeping or not leases.try_singleton(
-            "housekeeping", self.worker_id, cfg.lease_ms, client=self.client
-        ):
-            return
-        for job in self.housekeeping:
-            try:
-                job()
-            except Exception as exc:  # one failing chore must not stop dispatch
-                log.exception("housekeeping %r failed", job)
-                if self.on_error:
-                    self.on_error(exc)
 
     def _claim_round_robin(self, topics, report: TickReport, *, budget_ms: int) -> None:
         """Round-robin over owned slots, higher-priority topics drained first."""
@@ -320,7 +228,8 @@ class Dispatcher:
                     self.on_error(exc)
 
     def _due_slots(self, topic: Topic, now_ms: int) -> list[int]:
-        """Owned slots with something due, in round-robin order (one pipeline)."""
+        """Owned slots with something due, in the shared round-robin order (docs/engine.md);
+        one pipeline."""
         owned = self.leases.owned(topic.name)
         heads = queue.heads(topic.name, owned, client=self.client)
         due = [slot for slot in owned if heads[slot] is not None and heads[slot] <= now_ms]
@@ -351,12 +260,17 @@ class Dispatcher:
             return self._one_parcel(topic, ts, slot, token, limit, report)
         entries: list[Claimed] = []
         try:
-            entries = queue.claim(topic.name, slot, now_ms=self.clock() + ts.lookahead_ms,
-                                  limit=limit,
-                                  visibility_ms=ts.visibility_ms, lease_token=token,
-                                  with_due=topic.needs_due,
-                                  isolate_suspects=topic.isolate_suspects,
-                                  client=self.client)  # fmt: skip
+            entries = queue.claim(
+                topic.name,
+                slot,
+                now_ms=self.clock() + ts.lookahead_ms,
+                limit=limit,
+                visibility_ms=ts.visibility_ms,
+                lease_token=token,
+                with_due=topic.needs_due,
+                isolate_suspects=topic.isolate_suspects,
+                client=self.client,
+            )
             if entries:
                 report.claimed += len(entries)
                 self._settle(topic, ts, slot, token, entries, report)
@@ -371,14 +285,21 @@ class Dispatcher:
         # A suspect comes alone (see Topic.isolate_suspects); more may be due behind it.
         return len(entries) >= limit or (len(entries) == 1 and entries[0].suspect)
 
-    def _one_parcel(self, topic: Topic, ts: TopicSettings, slot: int, token: str, limit: int,
-                    report: TickReport) -> bool:  # fmt: skip
+    def _one_parcel(
+        self, topic: Topic, ts: TopicSettings, slot: int, token: str, limit: int, report: TickReport
+    ) -> bool:
         """Claim one batch as a parcel and hand it on; True when it was full."""
         count = 0
         try:
-            parcel = queue.claim_parcel(topic.name, slot, now_ms=self.clock() + ts.lookahead_ms,
-                                        limit=limit, visibility_ms=ts.visibility_ms,
-                                        lease_token=token, client=self.client)  # fmt: skip
+            parcel = queue.claim_parcel(
+                topic.name,
+                slot,
+                now_ms=self.clock() + ts.lookahead_ms,
+                limit=limit,
+                visibility_ms=ts.visibility_ms,
+                lease_token=token,
+                client=self.client,
+            )
             if parcel is not None:
                 count = parcel.size
                 report.claimed += count
@@ -393,8 +314,9 @@ class Dispatcher:
                 self.budget.give_back(topic, limit - count)
         return count >= limit
 
-    def _hand_parcel(self, topic: Topic, ts: TopicSettings, parcel: Parcel,
-                     report: TickReport) -> None:  # fmt: skip
+    def _hand_parcel(
+        self, topic: Topic, ts: TopicSettings, parcel: Parcel, report: TickReport
+    ) -> None:
         """The handler must take the parcel whole; if it cannot, every job of it is retried
         (a parcel is never left for the reaper when its handler answered)."""
         try:
@@ -406,12 +328,14 @@ class Dispatcher:
             log.exception("handler for %s failed on a parcel of %d", topic.name, parcel.size)
             error = f"{type(exc).__name__}: {exc}"[:500]
         settled = queue.settle_parcels(
-            topic.name, [(parcel.slot, parcel.parcel_id,
-                          [(job_id, error) for job_id in parcel.job_ids()])],
-            now_ms=self.clock(), max_attempts=ts.max_attempts,
-            backoff_base_ms=ts.backoff_base_ms, backoff_cap_ms=ts.backoff_cap_ms,
+            topic.name,
+            [(parcel.slot, parcel.parcel_id, [(job_id, error) for job_id in parcel.job_ids()])],
+            now_ms=self.clock(),
+            max_attempts=ts.max_attempts,
+            backoff_base_ms=ts.backoff_base_ms,
+            backoff_cap_ms=ts.backoff_cap_ms,
             client=self.client,
-        )  # fmt: skip
+        )
         report.retried += settled.retried
         report.dead += settled.dead
 
@@ -437,9 +361,16 @@ class Dispatcher:
         report.acked += queue.ack(topic.name, slot, done, **kw)
         now = self.clock()
         if retry:
-            nacked = queue.nack(topic.name, slot, retry, now_ms=now, max_attempts=ts.max_attempts,
-                                backoff_base_ms=ts.backoff_base_ms,
-                                backoff_cap_ms=ts.backoff_cap_ms, **kw)  # fmt: skip
+            nacked = queue.nack(
+                topic.name,
+                slot,
+                retry,
+                now_ms=now,
+                max_attempts=ts.max_attempts,
+                backoff_base_ms=ts.backoff_base_ms,
+                backoff_cap_ms=ts.backoff_cap_ms,
+                **kw,
+            )
             report.retried += nacked.retried
             report.dead += nacked.dead
         if bury:
@@ -462,8 +393,13 @@ class Dispatcher:
 
     def _next_due(self, topics) -> int | None:
         """When the next claim is due: the earliest head, less its topic's look-ahead."""
-        dues = [(queue.earliest_due(t.name, self.leases.owned(t.name), client=self.client),
-                 ts.lookahead_ms) for t, ts in topics]  # fmt: skip
+        dues = [
+            (
+                queue.earliest_due(t.name, self.leases.owned(t.name), client=self.client),
+                ts.lookahead_ms,
+            )
+            for t, ts in topics
+        ]
         dues = [due - ahead for due, ahead in dues if due is not None]
         return min(dues) if dues else None
 
@@ -483,37 +419,27 @@ class Dispatcher:
                 break
         return total
 
-    def _renew_leases(self) -> None:
-        """The renewer thread: the slot leases are extended every third of their time, however
-        long the loop's current round takes, unless the loop is stuck in one tick for longer
-        than ``stall_ms`` (then they lapse and other workers take the slots over). It also says
-        the process is alive, so that a stuck loop shows as stalled, not as gone."""
-        while not self._stop.wait(max(self.leases.ttl_ms / 3000, 0.05)):
-            try:
-                leases.beat_alive(self.worker_id, now_ms=self.clock(), client=self.client)
-            except Exception:  # Redis down: the loop's own errors say so
-                log.debug("alive beat failed", exc_info=True)
-            if (time.monotonic() - self._tick_started) * 1000 > self.stall_ms:
-                continue
-            try:
-                for topic, slot in self.leases.renew():
-                    log.warning("lease lost on %s:%s (renewer)", topic, slot)
-            except Exception:  # Redis down: the loop's own errors say so
-                log.debug("lease renewal failed", exc_info=True)
+    def _stalled(self) -> bool:
+        return (time.monotonic() - self._tick_started) * 1000 > self.stall_ms
 
-    def run_forever(self, *, install_signals: bool = True) -> None:
-        if install_signals:
-            self.install_signal_handlers()
+    def run_forever(self) -> None:
+        """Tick until ``stop()``; the process wires its signals to it (SIGTERM and SIGINT in
+        the reminder worker)."""
         log.info("worker %s starting", self.worker_id)
         next_tick = time.monotonic()
-        renewer = threading.Thread(target=self._renew_leases, name="lease-renewer", daemon=True)
+        renewer = threading.Thread(
+            target=self.maintenance.renew_leases,
+            args=(self._stop, self._stalled),
+            name="lease-renewer",
+            daemon=True,
+        )
         renewer.start()
         try:
             while not self._stop.is_set():
                 try:
                     report = self.run_once()
                     # Inside the try: the sleep reads the config too, and a database outage
-                    # there must not end the loop (it did: the worker exited on the first one).
+                    # there must not end the loop.
                     next_tick = self._sleep(report, next_tick)
                 except Exception as exc:
                     log.exception("tick failed")
@@ -551,10 +477,6 @@ class Dispatcher:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self.stop)
-        signal.signal(signal.SIGINT, self.stop)
-
     def shutdown(self) -> None:
         """Hand our slots over at once instead of after the lease time."""
         for hook in self.on_shutdown:
@@ -564,14 +486,16 @@ class Dispatcher:
                 log.exception("shutdown hook %r failed", hook)
         try:
             self.leases.release_all()
-            leases.release_singleton("reaper", self.worker_id, client=self.client)
-            leases.release_singleton("housekeeping", self.worker_id, client=self.client)
+            self.maintenance.release()
             leases.deregister(self.worker_id, client=self.client)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # Redis went first (an embedded one stops with everything else): nothing to hand
             # over in it, and nothing to say at length.
-            log.warning("worker %s: Redis is gone (%s); its leases lapse on their own",
-                        self.worker_id, exc.__class__.__name__)  # fmt: skip
+            log.warning(
+                "worker %s: Redis is gone (%s); its leases lapse on their own",
+                self.worker_id,
+                exc.__class__.__name__,
+            )
         except Exception:
             log.exception("worker %s: clean shutdown failed; leases will expire", self.worker_id)
         log.info("worker %s stopped", self.worker_id)

@@ -70,8 +70,9 @@ def schedule(
     """Schedule (or move) one job; True if it was not scheduled before."""
     later_after = (epoch_ms() if now_ms is None else now_ms) + LATER_AFTER_MS
     k = slot_keys(topic, slot)
-    added = scripts.enqueue(connection.client(client), k, [(due_ms, job_id)],
-                            later_after_ms=later_after)  # fmt: skip
+    added = scripts.enqueue(
+        connection.client(client), k, [(due_ms, job_id)], later_after_ms=later_after
+    )
     return added == 1
 
 
@@ -100,8 +101,11 @@ def schedule_many(
     for slot, pairs in by_slot.items():
         k = slot_keys(topic, slot)
         for i in range(0, len(pairs), SCHEDULE_CHUNK):
-            calls.append(scripts.enqueue_call(k, pairs[i : i + SCHEDULE_CHUNK], nx=nx,
-                                              later_after_ms=later_after))  # fmt: skip
+            calls.append(
+                scripts.enqueue_call(
+                    k, pairs[i : i + SCHEDULE_CHUNK], nx=nx, later_after_ms=later_after
+                )
+            )
     added = 0
     for i in range(0, len(calls), PIPELINE_CALLS):
         added += sum(scripts.run_calls(connection.client(client), calls[i : i + PIPELINE_CALLS]))
@@ -157,9 +161,16 @@ def claim(
     ``isolate_suspects``: a job the reaper brought back (its handler never answered) is claimed
     alone, and a batch stops before one (see ``claim_due.lua``).
     """
-    return scripts.claim_due(connection.client(client), slot_keys(topic, slot), token=lease_token,
-                             now_ms=now_ms, limit=limit, visibility_ms=visibility_ms,
-                             with_due=with_due, isolate_suspects=isolate_suspects)  # fmt: skip
+    return scripts.claim_due(
+        connection.client(client),
+        slot_keys(topic, slot),
+        token=lease_token,
+        now_ms=now_ms,
+        limit=limit,
+        visibility_ms=visibility_ms,
+        with_due=with_due,
+        isolate_suspects=isolate_suspects,
+    )
 
 
 def claim_parcel(
@@ -177,9 +188,14 @@ def claim_parcel(
     instead of one per job, and one string of ids instead of a reply element each; the parcel is
     settled whole (``settle_parcels``) or reaped whole. A job inside a parcel is not found by
     ``cancel`` or ``place``, so its owner must check its own record before acting on it."""
-    return scripts.claim_parcel(connection.client(client), slot_keys(topic, slot),
-                                token=lease_token, now_ms=now_ms, limit=limit,
-                                visibility_ms=visibility_ms)  # fmt: skip
+    return scripts.claim_parcel(
+        connection.client(client),
+        slot_keys(topic, slot),
+        token=lease_token,
+        now_ms=now_ms,
+        limit=limit,
+        visibility_ms=visibility_ms,
+    )
 
 
 def settle_parcels(
@@ -195,17 +211,28 @@ def settle_parcels(
     """(slot, parcel id, failures) settled in one pipeline: each parcel leaves prepare, its
     (job_id, error) failures retry after backoff or go dead at ``max_attempts``, the rest are
     done. ``missing`` counts parcels the reaper had taken back already (nothing done for them)."""
-    calls = [scripts.settle_parcel_call(slot_keys(topic, slot), parcel_id, now_ms=now_ms,
-                                        failures=failures, max_attempts=max_attempts,
-                                        backoff_base_ms=backoff_base_ms,
-                                        backoff_cap_ms=backoff_cap_ms)
-             for slot, parcel_id, failures in parcels]  # fmt: skip
+    calls = [
+        scripts.settle_parcel_call(
+            slot_keys(topic, slot),
+            parcel_id,
+            now_ms=now_ms,
+            failures=failures,
+            max_attempts=max_attempts,
+            backoff_base_ms=backoff_base_ms,
+            backoff_cap_ms=backoff_cap_ms,
+        )
+        for slot, parcel_id, failures in parcels
+    ]
     if not calls:
         return NackResult(0, 0, 0)
-    results = [scripts.parse_settled(raw) for raw in scripts.run_calls(connection.client(client),
-                                                                       calls)]  # fmt: skip
-    return NackResult(sum(r.retried for r in results), sum(r.dead for r in results),
-                      sum(r.missing for r in results))  # fmt: skip
+    results = [
+        scripts.parse_settled(raw) for raw in scripts.run_calls(connection.client(client), calls)
+    ]
+    return NackResult(
+        sum(r.retried for r in results),
+        sum(r.dead for r in results),
+        sum(r.missing for r in results),
+    )
 
 
 def promote(
@@ -220,8 +247,11 @@ def promote(
     tokens are given ({slot: token}), up to ``limit`` a slot, in one pipeline. Returns how many
     moved per slot; a slot whose lease was lost moves nothing and is left out."""
     slots = list(tokens)
-    calls = [scripts.PROMOTE.call((k.later, k.store, k.lease), (tokens[slot], until_ms, limit))
-             for slot in slots for k in (slot_keys(topic, slot),)]  # fmt: skip
+    calls = [
+        scripts.PROMOTE.call((k.later, k.store, k.lease), (tokens[slot], until_ms, limit))
+        for slot in slots
+        for k in (slot_keys(topic, slot),)
+    ]
     if not calls:
         return {}
     moved = scripts.run_calls(connection.client(client), calls)
@@ -277,10 +307,15 @@ def nack(
     if not failures:
         return NackResult(0, 0, 0)
     return scripts.nack(
-        connection.client(client), slot_keys(topic, slot), token=lease_token, now_ms=now_ms,
-        failures=failures, max_attempts=max_attempts,
-        backoff_base_ms=backoff_base_ms, backoff_cap_ms=backoff_cap_ms,
-    )  # fmt: skip
+        connection.client(client),
+        slot_keys(topic, slot),
+        token=lease_token,
+        now_ms=now_ms,
+        failures=failures,
+        max_attempts=max_attempts,
+        backoff_base_ms=backoff_base_ms,
+        backoff_cap_ms=backoff_cap_ms,
+    )
 
 
 def bury(
@@ -293,8 +328,17 @@ def bury(
     client: Client | None = None,
 ) -> NackResult:
     """(job_id, error) pairs go straight to dead, whatever their attempt count."""
-    return nack(topic, slot, failures, now_ms=now_ms, max_attempts=0, backoff_base_ms=0,
-                backoff_cap_ms=0, lease_token=lease_token, client=client)  # fmt: skip
+    return nack(
+        topic,
+        slot,
+        failures,
+        now_ms=now_ms,
+        max_attempts=0,
+        backoff_base_ms=0,
+        backoff_cap_ms=0,
+        lease_token=lease_token,
+        client=client,
+    )
 
 
 # --- settling entries a handler handed on (invariant 6: not fenced) ----------------------------
@@ -313,9 +357,12 @@ def ack_handed_many(
     topic: str, parts: Mapping[int, Sequence[str]], *, client: Client | None = None
 ) -> int:
     """``ack_handed`` for several slots at once ({slot: job ids}), in one pipeline."""
-    calls = [scripts.ACK.call((k.prepare, k.meta, k.lease), (HANDED_TOKEN, *ids))
-             for slot, ids in parts.items() if ids
-             for k in (slot_keys(topic, slot),)]  # fmt: skip
+    calls = [
+        scripts.ACK.call((k.prepare, k.meta, k.lease), (HANDED_TOKEN, *ids))
+        for slot, ids in parts.items()
+        if ids
+        for k in (slot_keys(topic, slot),)
+    ]
     return sum(int(n) for n in scripts.run_calls(connection.client(client), calls)) if calls else 0
 
 
@@ -343,9 +390,17 @@ def nack_handed(
     client: Client | None = None,
 ) -> NackResult:
     """A deliverer failed entries handed on to it: retry after backoff, or dead."""
-    return nack(topic, slot, failures, now_ms=now_ms, max_attempts=max_attempts,
-                backoff_base_ms=backoff_base_ms, backoff_cap_ms=backoff_cap_ms,
-                lease_token=HANDED_TOKEN, client=client)  # fmt: skip
+    return nack(
+        topic,
+        slot,
+        failures,
+        now_ms=now_ms,
+        max_attempts=max_attempts,
+        backoff_base_ms=backoff_base_ms,
+        backoff_cap_ms=backoff_cap_ms,
+        lease_token=HANDED_TOKEN,
+        client=client,
+    )
 
 
 def reap(
@@ -358,9 +413,16 @@ def reap(
     client: Client | None = None,
 ) -> ReapResult:
     """Expired prepare entries back to store or dead: one pipeline, ``limit`` per slot."""
-    calls = [scripts.reap_call(slot_keys(topic, slot), now_ms=now_ms, limit=limit,
-                               max_attempts=max_attempts, error="visibility timeout")
-             for slot in slots]  # fmt: skip
+    calls = [
+        scripts.reap_call(
+            slot_keys(topic, slot),
+            now_ms=now_ms,
+            limit=limit,
+            max_attempts=max_attempts,
+            error="visibility timeout",
+        )
+        for slot in slots
+    ]
     results = [
         scripts.parse_reap(raw) for raw in scripts.run_calls(connection.client(client), calls)
     ]
@@ -447,8 +509,9 @@ def due_before(
     pipe = connection.client(client).pipeline(transaction=False)
     for key in (k.store, k.later):
         pipe.zrangebyscore(key, "-inf", f"({before_ms}", start=0, num=limit, withscores=True)
-    rows = sorted((score, scripts.as_str(member)) for tier in pipe.execute()
-                  for member, score in tier)  # fmt: skip
+    rows = sorted(
+        (score, scripts.as_str(member)) for tier in pipe.execute() for member, score in tier
+    )
     return [member for _, member in rows[:limit]]
 
 
@@ -483,8 +546,13 @@ def requeue_dead(
     client: Client | None = None,
 ) -> int:
     """Dead jobs (the given ids, else the ``limit`` oldest) back to store, due now."""
-    return scripts.requeue_dead(connection.client(client), slot_keys(topic, slot), now_ms=now_ms,
-                                limit=max(limit, len(job_ids)), job_ids=job_ids)  # fmt: skip
+    return scripts.requeue_dead(
+        connection.client(client),
+        slot_keys(topic, slot),
+        now_ms=now_ms,
+        limit=max(limit, len(job_ids)),
+        job_ids=job_ids,
+    )
 
 
 def purge_dead(
@@ -496,8 +564,12 @@ def purge_dead(
     client: Client | None = None,
 ) -> int:
     """Delete dead jobs (the given ids, else the ``limit`` oldest) for good."""
-    return scripts.purge_dead(connection.client(client), slot_keys(topic, slot),
-                              limit=max(limit, len(job_ids)), job_ids=job_ids)  # fmt: skip
+    return scripts.purge_dead(
+        connection.client(client),
+        slot_keys(topic, slot),
+        limit=max(limit, len(job_ids)),
+        job_ids=job_ids,
+    )
 
 
 # --- slot layouts --------------------------------------------------------------------------------
@@ -567,9 +639,13 @@ def place(topic: str, slot: int, job_id: str, *, client: Client | None = None) -
 
 
 def due_between(
-    topic: str, slots: range | list[int], start_ms: int, bounds_ms: list[int],
-    *, client: Client | None = None,
-) -> list[int]:  # fmt: skip
+    topic: str,
+    slots: range | list[int],
+    start_ms: int,
+    bounds_ms: list[int],
+    *,
+    client: Client | None = None,
+) -> list[int]:
     """How many scheduled entries fall due in each window [previous bound, bound) from
     ``start_ms`` on, over ``slots``: one pipeline of ZCOUNTs."""
     pipe = connection.client(client).pipeline(transaction=False)

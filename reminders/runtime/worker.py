@@ -29,7 +29,7 @@ from couponcenter.core import __version__
 from couponcenter.core.redis import get_redis
 from reminders import metrics, services
 from reminders.engine import keys
-from reminders.engine.dispatcher import Dispatcher
+from reminders.engine.dispatcher import Dispatcher, Hooks
 from reminders.engine.topics import Topic
 from reminders.handlers.coupon_reminders import delivery_queue_depth
 from reminders.members import REMINDER_TOPICS
@@ -205,19 +205,21 @@ def build_worker(
     if names and names - known:
         generic.executors.close()
         raise ValueError(f"unknown topics {sorted(names - known)}; known: {sorted(known)}")
-    backpressure = DeliveryBackpressure()
     reconciler = Reconciler(background=threaded)
-    dispatcher = Dispatcher(
-        lambda: generic.refresh() + builtin,
-        config=partial(engine_settings, generic),
-        version=__version__,
-        on_error=_on_error,
-        housekeeping=[reconciler],
-        may_claim=backpressure,
+    hooks = Hooks(
+        may_claim=DeliveryBackpressure(),
         budget=ClaimBudget(generic),
+        housekeeping=[reconciler],
+        on_error=_on_error,
         on_shutdown=[generic.executors.close, reconciler.close],
         handed_counts=generic.executors.counts,
         load=generic.executors.load,
+    )
+    dispatcher = Dispatcher(
+        lambda: generic.refresh() + builtin,
+        config=partial(engine_settings, generic),
+        hooks=hooks,
+        version=__version__,
         # Heartbeat, leases and reaping five times per lease period, not on every tick of a
         # loop that wakes for each due second.
         maintenance_every_ms=max(settings.WORKER_LEASE_MS // 5, 50),

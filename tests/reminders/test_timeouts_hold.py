@@ -114,7 +114,7 @@ def where(redis_client, job: TimeoutJob) -> str | None:
 
 
 def in_flight(worker: Dispatcher, topic: str = TOPIC) -> int:
-    return worker.load()[topic][0]
+    return worker.maintenance.load()[topic][0]
 
 
 def test_a_job_due_within_the_hold_is_claimed_early_and_fired_at_its_due_time(

@@ -2,6 +2,7 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
+from couponcenter.core.process import stop_on_signals
 from expiry.sweeper import Sweeper
 
 
@@ -21,7 +22,7 @@ class Command(BaseCommand):
         if batch_size is not None and batch_size < 1:
             raise CommandError(f"--batch-size must be at least 1 (got {batch_size}).")
         sweeper = Sweeper(batch_size=batch_size)
-        sweeper.install_signal_handlers()
+        stop_on_signals(sweeper.stop)
         if not once:
             sweeper.run_forever()
             return

@@ -6,15 +6,14 @@ ARGV[4] backoff base ms   ARGV[5] backoff cap ms   ARGV[6..] job_id, error pairs
 Returns: {-1} when the lease no longer holds our token (nothing moved);
          {0, retried, dead, missing} otherwise (missing = not in prepare any more, e.g. reaped).
 The attempt count is read from the prepare score (deadline * 1000 + attempt); it is kept in meta so
-the next claim counts on from it. Backoff = min(cap, base * 2^(attempt - 1)). A nacked job was
-answered for, so it is no longer a suspect (see claim_due).
+the next claim counts on from it. Retry, backoff and dead: includes/retry.lua (a nacked job was
+answered for, so it is no longer a suspect; see claim_due).
 ]]
 -- @include common
+-- @include retry
 
 if not fence_ok(KEYS[5], ARGV[1]) then return {-1} end
-local now = tonumber(ARGV[2])
-local max_attempts = tonumber(ARGV[3])
-local base, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
+local policy = retry_policy()
 local retried, dead, missing = 0, 0, 0
 for i = 6, #ARGV, 2 do
   local id, err = ARGV[i], ARGV[i + 1]
@@ -22,17 +21,11 @@ for i = 6, #ARGV, 2 do
   if not score then
     missing = missing + 1
   else
-    local attempt = tonumber(score) % 1000
     redis.call('ZREM', KEYS[1], id)
-    redis.call('HSET', KEYS[4], 'a:' .. id, attempt, 'e:' .. id, err)
-    redis.call('HDEL', KEYS[4], 's:' .. id)
-    if attempt >= max_attempts then
-      redis.call('ZADD', KEYS[3], fmt(now), id)
-      dead = dead + 1
-    else
-      local delay = math.min(cap, base * 2 ^ math.min(attempt - 1, 40))
-      redis.call('ZADD', KEYS[2], fmt(now + delay), id)
+    if retry_or_bury(policy, id, err, tonumber(score) % 1000) then
       retried = retried + 1
+    else
+      dead = dead + 1
     end
   end
 end

@@ -9,10 +9,11 @@ Returns: {0, retried, dead, missing}: missing = 1 when the parcel is no longer i
 reaper took it back after its visibility deadline: its jobs are in store or dead already, and
 nothing is done here). Failed ids that are not in the parcel are ignored.
 Not fenced (as acks of handed-on entries are not): the lease holder handed the parcel on.
-A job's attempt is "a:<id>" in meta, or 1 when it has none (see claim_parcel); backoff =
-min(cap, base * 2^(attempt - 1)), as nack's.
+A job's attempt is "a:<id>" in meta, or 1 when it has none (see claim_parcel); retry, backoff and
+dead as nack's (includes/retry.lua).
 ]]
 -- @include common
+-- @include retry
 
 local parcel = ARGV[1]
 local packed = redis.call('HGET', KEYS[5], parcel)
@@ -22,9 +23,7 @@ redis.call('HDEL', KEYS[5], parcel)
 redis.call('HINCRBY', KEYS[5], '#n', -n)
 redis.call('ZREM', KEYS[1], '#' .. parcel)
 
-local now = tonumber(ARGV[2])
-local max_attempts = tonumber(ARGV[3])
-local base, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
+local policy = retry_policy()
 local inside, failed = nil, {}
 local retried, dead = 0, 0
 for i = 6, #ARGV, 2 do
@@ -36,15 +35,10 @@ for i = 6, #ARGV, 2 do
   if inside[id] and not failed[id] then
     failed[id] = true
     local attempt = tonumber(redis.call('HGET', KEYS[4], 'a:' .. id)) or 1
-    redis.call('HSET', KEYS[4], 'a:' .. id, attempt, 'e:' .. id, err)
-    redis.call('HDEL', KEYS[4], 's:' .. id)
-    if attempt >= max_attempts then
-      redis.call('ZADD', KEYS[3], fmt(now), id)
-      dead = dead + 1
-    else
-      local delay = math.min(cap, base * 2 ^ math.min(attempt - 1, 40))
-      redis.call('ZADD', KEYS[2], fmt(now + delay), id)
+    if retry_or_bury(policy, id, err, attempt) then
       retried = retried + 1
+    else
+      dead = dead + 1
     end
   end
 end

@@ -5,7 +5,7 @@ import threading
 
 from django.core.management.base import BaseCommand, CommandError
 
-from couponcenter.core.process import tune_gc
+from couponcenter.core.process import stop_on_signals, tune_gc
 from reminders.handlers.executors import FIRE_THREAD_PREFIX
 from reminders.runtime.worker import build_worker
 
@@ -37,6 +37,7 @@ class Command(BaseCommand):
             return
         self.stdout.write(f"reminder worker {worker.worker_id} running; SIGTERM to stop")
         tune_gc()
+        stop_on_signals(worker.stop)
         worker.run_forever()
         stuck = [t.name for t in threading.enumerate()
                  if t.name.startswith(FIRE_THREAD_PREFIX) and t.is_alive()]  # fmt: skip

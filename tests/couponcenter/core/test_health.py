@@ -121,7 +121,7 @@ def test_a_worker_whose_dispatch_loop_stalls_turns_health_red(anon, settings, re
     queue.schedule("t.stall", "j1", wall_ms() - 10, slot=0, client=redis_client)
     worker = Dispatcher([topic], client=redis_client, stall_ms=settings.WORKER_STALL_MS,
                         config=lambda: EngineSettings(lease_ms=900))  # fmt: skip
-    loop = threading.Thread(target=worker.run_forever, kwargs={"install_signals": False})
+    loop = threading.Thread(target=worker.run_forever)
     loop.start()
     try:
         assert entered.wait(30)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from reminders.engine import leases, queue
-from reminders.engine.dispatcher import Dispatcher, wall_ms
+from reminders.engine.dispatcher import Dispatcher, Hooks, wall_ms
 from reminders.engine.keys import slot_for
 from reminders.engine.topics import (
     DROP,
@@ -224,7 +224,7 @@ def test_run_forever_wakes_early_for_due_work_and_stops(redis_client):
     dispatcher.wake()  # room again somewhere: the next sleep ends at once
     assert sleeps.is_set()
     dispatcher.stop()
-    dispatcher.run_forever(install_signals=False)  # stopped: returns at once
+    dispatcher.run_forever()  # stopped: returns at once
     assert leases.list_workers(client=redis_client) == []  # deregistered on stop
 
 
@@ -283,7 +283,7 @@ def test_a_failing_flush_is_reported_and_the_next_topic_still_flushes(redis_clie
 
     high = Topic("orders.high", lambda e: [OK] * len(e), slots=1, priority=1, flush=broken_flush)
     low = Topic(T, lambda e: [HANDED_ON] * len(e), slots=1, flush=lambda: flushed.append(1))
-    worker = Dispatcher([high, low], client=redis_client, on_error=errors.append)
+    worker = Dispatcher([high, low], client=redis_client, hooks=Hooks(on_error=errors.append))
     report = worker.run_once()
     assert report.claimed == 4 and flushed == [1]
     assert [type(e) for e in errors] == [ConnectionError]

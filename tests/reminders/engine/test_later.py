@@ -108,7 +108,7 @@ def test_a_backlog_that_fell_due_in_later_is_promoted_tick_by_tick_until_claimed
     assert redis_client.zcard(slot_keys(T, 0).later) == 25
     seen = []
     dispatcher = _recording_dispatcher(redis_client, seen, maintenance_every_ms=3_600_000)
-    dispatcher.promote_limit = 4
+    dispatcher.maintenance.promote_limit = 4
     try:
         total = dispatcher.run_until_idle()
     finally:

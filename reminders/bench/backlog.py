@@ -38,6 +38,7 @@ from reminders.bench.engine import _cleanup, _topic
 from reminders.bench.tables import delete_bench_rows, delete_keys, vacuum_analyze
 from reminders.engine import connection as connection_redis
 from reminders.engine import keys, queue
+from reminders.engine.clock import epoch_ms
 from reminders.engine.connection import Client
 from reminders.engine.leases import SlotLeases
 from reminders.members import member
@@ -89,7 +90,7 @@ def bench_backlog_size(
 ) -> dict[str, Any]:
     client = connection_redis.client(client)
     topic = _topic()
-    now = int(time.time() * 1000)
+    now = epoch_ms()
     leases = SlotLeases("bench-backlog", ttl_ms=600_000, client=client)
     try:
         before = _used_memory(client)

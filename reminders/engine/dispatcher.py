@@ -28,6 +28,7 @@ from typing import Protocol
 import redis
 
 from . import leases, queue
+from .clock import epoch_ms
 from .connection import Client
 from .scripts import Claimed, LeaseLost, Parcel
 from .topics import (
@@ -54,10 +55,6 @@ STALL_MS = 60_000
 REAP_LIMIT = 1000  # expired in-flight jobs moved back per slot per tick (a parcel whole)
 PRUNE_EVERY_MS = 10_000  # how often the reaper forgets drained layouts and long-dead workers
 _DONE = (Outcome.OK, Outcome.DROP)
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass
@@ -92,7 +89,7 @@ class Dispatcher:
         config: ConfigProvider | None = None,
         worker_id: str | None = None,
         client: Client | None = None,
-        clock: Callable[[], int] = wall_ms,
+        clock: Callable[[], int] = epoch_ms,
         version: str = "",
         on_error: Callable[[BaseException], None] | None = None,
         housekeeping: Sequence[Callable[[], object]] = (),

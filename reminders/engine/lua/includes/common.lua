@@ -15,7 +15,7 @@ local function chunked(cmd, key, args)
 end
 
 -- The fencing check: the slot's lease key must still hold exactly our token. The token
--- 'handed-on' settles entries a lease holder handed on to a deliverer (invariant 7); real tokens
+-- 'handed-on' settles entries a lease holder handed on to a deliverer (invariant 6); real tokens
 -- are "<fence>:<worker id>" and can never equal it.
 local function fence_ok(lease_key, token)
   if token == 'handed-on' then return true end

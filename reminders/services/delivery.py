@@ -55,7 +55,7 @@ from reminders.members import member, sub_id_of, try_sub_id_of
 from reminders.models import ReminderSettings, ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
-from .indexing import REINDEX_CHUNK
+from .indexing import BULK_CHUNK
 from .push_cap import push_cap_apply
 from .staging import hidden_reminder_notes, notifications_delete
 
@@ -311,10 +311,10 @@ def _unstage_mates(items: list[Item], now: datetime, window_ms: int) -> list[Ite
         return []
     kept = []
     ids = sorted(mates)
-    for start in range(0, len(ids), REINDEX_CHUNK):
+    for start in range(0, len(ids), BULK_CHUNK):
         kept += (
             ReminderSubscription.objects.select_for_update()
-            .filter(pk__in=ids[start : start + REINDEX_CHUNK], status=Status.SENT, sent_at__gt=now)
+            .filter(pk__in=ids[start : start + BULK_CHUNK], status=Status.SENT, sent_at__gt=now)
             .order_by("pk")
             .values_list("pk", "user_id", "remind_at", "coupon_id", "traceparent")
         )

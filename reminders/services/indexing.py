@@ -18,7 +18,7 @@ from reminders.engine.clock import epoch_ms
 from reminders.members import member, reminder_topic_for
 from reminders.models import ReminderSubscription
 
-REINDEX_CHUNK = 5000
+BULK_CHUNK = 5000  # rows per bulk read, statement or index call
 
 
 def by_topic(rows, key: Callable) -> dict[str, list]:

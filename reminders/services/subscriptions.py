@@ -28,7 +28,7 @@ from reminders.members import REMINDER_TOPICS, member, reminder_topic_for
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
-from .indexing import REINDEX_CHUNK, by_topic, index_on_commit, unindex_on_commit
+from .indexing import BULK_CHUNK, by_topic, index_on_commit, unindex_on_commit
 from .staging import staged_withdraw
 
 Status = ReminderSubscription.Status
@@ -113,7 +113,7 @@ def subscriptions_reschedule_for_coupon(*, coupon: Coupon) -> int:
     due_ms = epoch_ms(remind_at)
 
     def reschedule() -> None:
-        for chunk in _chunks(rows.iterator(chunk_size=REINDEX_CHUNK), REINDEX_CHUNK):
+        for chunk in _chunks(rows.iterator(chunk_size=BULK_CHUNK), BULK_CHUNK):
             grouped = by_topic(
                 chunk,
                 lambda r: (reminder_topic_for(r[3]), (member(r[0]), due_ms, r[2])),
@@ -148,10 +148,10 @@ def subscriptions_drop_for_coupon(*, coupon: Coupon, reason: str) -> int:
     return len(withdrawn)
 
 
-def subscriptions_reindex(
+def subscriptions_rebuild(
     *, due_before: datetime | None = None, progress: Callable[[int], None] | None = None
 ) -> int:
-    """Re-index scheduled reminders (all, or due before ``due_before``); idempotent (NX).
+    """Rebuild scheduled reminders (all, or due before ``due_before``); idempotent (NX).
 
     A reminder in flight in a parcel is left out: NX sees store, prepare and dead, not inside a
     parcel (the engine keeps a parcel's ids as one string), and re-adding one would deliver it a
@@ -165,7 +165,7 @@ def subscriptions_reindex(
         chunk = list(
             scheduled.filter(pk__gt=last_pk)
             .order_by("pk")
-            .values_list("pk", "remind_at", "slot", "priority")[:REINDEX_CHUNK]
+            .values_list("pk", "remind_at", "slot", "priority")[:BULK_CHUNK]
         )
         if not chunk:
             return added

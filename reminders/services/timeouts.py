@@ -1,4 +1,4 @@
-"""Generic timeout jobs (article 001's task table): create, cancel, re-index. Firing them is
+"""Generic timeout jobs (article 001's task table): create, cancel, rebuild. Firing them is
 ``reminders.handlers.timeout_jobs``.
 
 Invariants:
@@ -37,7 +37,7 @@ from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
 from reminders.services.quotas import quota_attributes_check, quota_creations_take
 from reminders.topic_specs import slot_basis
 
-REINDEX_CHUNK = 5000
+REBUILD_CHUNK = 5000
 logger = logging.getLogger(__name__)
 
 
@@ -483,10 +483,10 @@ HISTORY_APPEND = {
 }
 
 
-def timeout_jobs_reindex(
+def timeout_jobs_rebuild(
     *, due_before: datetime | None = None, progress: Callable[[int], None] | None = None
 ) -> int:
-    """Re-index pending jobs (all, or those due before ``due_before``) into Redis; idempotent.
+    """Rebuild pending jobs (all, or those due before ``due_before``) in Redis; idempotent.
 
     Uses the engine's NX mode: a job already in store, prepare or dead is left alone.
     """
@@ -500,7 +500,7 @@ def timeout_jobs_reindex(
         chunk = list(
             pending.filter(pk__gt=last_pk)
             .order_by("pk")
-            .values_list("pk", "topic", "action_time", "slot")[:REINDEX_CHUNK]
+            .values_list("pk", "topic", "action_time", "slot")[:REBUILD_CHUNK]
         )
         if not chunk:
             return added

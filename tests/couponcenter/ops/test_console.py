@@ -26,7 +26,6 @@ from tests.support.console import (
     kill_reminders,
     member,
     overdue_reminders,
-    queue_now,
     scripts_client,
 )
 from tests.support.factories import UserFactory
@@ -204,7 +203,7 @@ def test_dead_timeout_jobs_are_found_by_business_key(
     token = scripts.lease_acquire(client, lease, holder="t", ttl_ms=60_000)
     queue.claim("timeout.default", job.slot, now_ms=10**13, limit=10, visibility_ms=60_000,
                 lease_token=token)  # fmt: skip
-    queue.bury("timeout.default", job.slot, [(str(job.pk), "HTTP 410")], now_ms=queue_now(),
+    queue.bury("timeout.default", job.slot, [(str(job.pk), "HTTP 410")], now_ms=epoch_ms(),
                lease_token=token)  # fmt: skip
     found = dead_letters.dead_letter_list(search="order:K-9").letters
     assert [(d.job_id, d.last_error) for d in found] == [(str(job.pk), "HTTP 410")]

@@ -429,7 +429,7 @@ if not 0 <= TIMEOUT_HOLD_MS <= 1000:
         f"TIMEOUT_HOLD_MS must be a whole number of ms within 0..1000, "
         f"got {os.environ.get('TIMEOUT_HOLD_MS')!r}"
     )
-# The worker re-indexes pending jobs due within this window from the database on this schedule.
+# The worker rebuilds pending jobs due within this window from the database on this schedule.
 RECONCILE_WINDOW_S = int(os.environ.get("RECONCILE_WINDOW_S", "300"))
 RECONCILE_EVERY_S = int(os.environ.get("RECONCILE_EVERY_S", "60"))
 # Delivery: the webhook gateway's target and HMAC secret, and where alerts go (chat webhook).

@@ -73,8 +73,8 @@ class ExpirySettingsAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context=None):
         # One row: go straight to it (creating it with the defaults on first visit).
-        config = services.expiry_settings_get(max_age=0)
+        config = services.expiry_settings_get(max_age_s=0)
         return HttpResponseRedirect(reverse("admin:expiry_expirysettings_change", args=[config.pk]))
 
     def save_model(self, request: HttpRequest, obj: ExpirySettings, form, change: bool) -> None:
-        services.expiry_settings_save(config=obj)
+        services.expiry_settings_save(instance=obj)

@@ -537,14 +537,15 @@ def expiry_cleanup(
 _settings = LiveSettingsReader(ExpirySettings, max_age_s=SETTINGS_CACHE_SECONDS)
 
 
-def expiry_settings_get(*, max_age: float = SETTINGS_CACHE_SECONDS) -> ExpirySettings:
-    """The single settings row (created with defaults on first use), cached for ``max_age`` s.
+def expiry_settings_get(*, max_age_s: float | None = None) -> ExpirySettings:
+    """The single settings row (created with defaults on first use) as of at most ``max_age_s``
+    seconds ago (default: ``SETTINGS_CACHE_SECONDS``).
 
-    When the cache is older than ``max_age`` only the change marker (``version``) is re-read; the
-    row is reloaded when it moved. The sweeper calls this with ``max_age=0`` each pass, so an edit
+    When the cache is older than that only the change marker (``version``) is re-read; the row
+    is reloaded when it moved. The sweeper calls this with ``max_age_s=0`` each pass, so an edit
     in the admin applies from the next pass, without a restart.
     """
-    return _settings.get(max_age_s=max_age)
+    return _settings.get(max_age_s=max_age_s)
 
 
 def expiry_settings_cache_clear() -> None:
@@ -566,12 +567,12 @@ def expiry_settings_errors(
     return errors
 
 
-def expiry_settings_save(*, config: ExpirySettings) -> ExpirySettings:
+def expiry_settings_save(*, instance: ExpirySettings) -> ExpirySettings:
     """Save the settings row; sweepers pick it up on their next pass (its ``version`` moves).
     Raises ``ValidationError`` (nothing saved) for values the model refuses."""
-    live_settings_save(instance=config)
+    live_settings_save(instance=instance)
     _settings.clear()
-    return config
+    return instance
 
 
 # --- last run, for the console -------------------------------------------------------------------

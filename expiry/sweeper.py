@@ -69,7 +69,7 @@ class Sweeper:
         result = PassResult(totals=totals)
         self._pass_done = 0
         try:
-            config = services.expiry_settings_get(max_age=0)
+            config = services.expiry_settings_get(max_age_s=0)
             batch_size = self.batch_size or config.batch_size
             result.totals = totals = services.expiry_sweep_due(
                 batch_size=batch_size, should_stop=self._stop.is_set, progress=self._progress

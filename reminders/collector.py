@@ -3,13 +3,12 @@ kernel's ``/metrics`` from ``reminders/apps.py`` as the ``redis`` state source."
 
 from __future__ import annotations
 
-import time
-
 from django.conf import settings
 from prometheus_client.core import GaugeMetricFamily
 
 from couponcenter.core.redis import get_redis
 from reminders.engine import leases, queue
+from reminders.engine.clock import epoch_ms
 from reminders.selectors.queues import topic_slot_counts
 
 
@@ -29,7 +28,7 @@ def queue_gauges() -> list[GaugeMetricFamily]:
                                      "most overdue unclaimed job is", labels=["topic"]),
     }  # fmt: skip
     client = get_redis()
-    now_ms = int(time.time() * 1000)
+    now_ms = epoch_ms()
     for topic, served in topic_slot_counts().items():
         rows = queue.stats(topic, range(served), now_ms=now_ms, client=client)
         for field in ("store", "due", "prepare", "dead"):

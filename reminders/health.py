@@ -5,13 +5,13 @@ delivered), and the reminder workers' heartbeats (soft: a warning, a 503 with
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from celery import current_app
 from django.conf import settings
 
 from reminders.engine import leases
+from reminders.engine.clock import epoch_ms
 
 BROKER_TIMEOUT_S = 2.0
 
@@ -28,7 +28,7 @@ def broker_check() -> None:
 def workers_check() -> dict[str, Any]:
     """A warning with no live worker; an error when a worker's process is alive but its dispatch
     loop has not completed a round for ``WORKER_STALL_MS`` (a liveness probe's "restart it")."""
-    now_ms = int(time.time() * 1000)
+    now_ms = epoch_ms()
     live = leases.live_workers(now_ms=now_ms, lease_ms=settings.WORKER_LEASE_MS)
     registered = leases.list_workers()
     stalled = leases.stalled_workers(now_ms=now_ms, lease_ms=settings.WORKER_LEASE_MS,

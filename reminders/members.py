@@ -9,9 +9,11 @@ allocation where a decimal id of up to twelve digits takes 16 and the long form
 (``bench_backlog``). Everything else a reminder needs (user,
 coupon, due time) is read from its row at delivery, which reads the row anyway.
 
-The long form (``"<subscription id>:<user id>:<coupon id>"``, decimal) still parses, since Redis
-may still hold entries indexed in it: they are delivered and shown like any other;
-``legacy_member`` spells one, for the searches that must find either form.
+The long form, ``"<subscription id>:<user id>:<coupon id>"`` in decimal (``legacy_member``),
+still parses, so such an entry is delivered and shown like any other, and the dead-letter search
+finds it under either form. Nothing else looks for it: a cancel or a move acts on the base-36
+member only, and a long-form entry left behind is settled by its row when it fires and pruned by the
+reconcile once its row is final (``services.indexing``).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def member(sub_id: int) -> str:
 
 
 def legacy_member(sub_id: int, user_id: int, coupon_id: int) -> str:
-    """The long-form member of the same subscription (see the module docstring)."""
+    """The same subscription's member in the long form (see the module docstring)."""
     return f"{sub_id}:{user_id}:{coupon_id}"
 
 

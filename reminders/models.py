@@ -2,7 +2,7 @@
 
 PostgreSQL holds every job and subscription with its status; Redis holds only the schedule (which id
 is due when, and which are in flight). A write commits here first and is indexed in Redis on commit;
-``rebuild_reminder_queues`` and the worker's reconcile re-index from these tables.
+``rebuild_reminder_queues`` and the worker's reconcile rebuild from these tables.
 """
 
 from datetime import timedelta

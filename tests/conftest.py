@@ -13,7 +13,7 @@ from django.db import connection
 from couponcenter.celery import app as celery_app
 from couponcenter.core.redis import get_redis, is_cluster
 from expiry.services import expiry_settings_cache_clear
-from reminders.selectors import reminder_settings_forget
+from reminders.selectors import reminder_settings_cache_clear
 from tests.support.settings_rows import reminder_settings_row
 
 # Under CI=1 (``.ci/run``) every test must run: a skip (no browser, no cluster, no PostgreSQL) is a
@@ -104,10 +104,10 @@ def django_db_setup(django_db_setup, django_db_blocker):
 def fresh_live_settings():
     """No live settings row cached from another test's database (each process keeps the row
     for a moment; a test must read its own)."""
-    reminder_settings_forget()
+    reminder_settings_cache_clear()
     expiry_settings_cache_clear()
     yield
-    reminder_settings_forget()
+    reminder_settings_cache_clear()
     expiry_settings_cache_clear()
 
 

@@ -15,6 +15,7 @@ from django.utils import timezone
 from couponcenter.core.redis import broker_client
 from couponcenter.models import UserCoupon
 from reminders.engine import queue
+from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC, member
 from reminders.models import Notification, ReminderSubscription
 from reminders.runtime.worker import build_worker
@@ -103,7 +104,7 @@ def test_drop_policy_drops_what_is_later_than_the_limit_and_delivers_the_rest(
         due = timezone.now() - overdue
         ReminderSubscription.objects.filter(pk=sub.pk).update(remind_at=due)
         queue.schedule(REMINDER_TOPIC, member(sub.pk),
-                       queue.epoch_ms(due), slot=sub.slot)  # fmt: skip
+                       epoch_ms(due), slot=sub.slot)  # fmt: skip
     worker = build_worker([REMINDER_TOPIC])
     try:
         worker.run_until_idle()

@@ -122,7 +122,7 @@ class BacklogApi(APIView):
         f = self.FilterSerializer(data=request.query_params)
         f.is_valid(raise_exception=True)
         topic = f.validated_data.get("topic")
-        live = reminder_settings_get(fresh=True)
+        live = reminder_settings_get(max_age_s=0)
         data = queues.backlog(topic=topic)
         p99 = queues.recent_p99_ms(queues.throughput(minutes=queues.RECENT_MINUTES))
         expiry = expiry_selectors.expiry_stats()
@@ -310,10 +310,10 @@ class ConfigApi(APIView):
         expiry = serializers.DictField(required=False)
 
     def _body(self) -> dict:
-        live = reminder_settings_get(fresh=True)
+        live = reminder_settings_get(max_age_s=0)
         data = {
             "reminder": live,
-            "expiry": expiry_services.expiry_settings_get(max_age=0),
+            "expiry": expiry_services.expiry_settings_get(max_age_s=0),
             "workers": [w for w in queues.workers(live=live) if w.live],
         }
         return self.OutputSerializer(data).data
@@ -353,8 +353,8 @@ class ConfigApi(APIView):
             errors.update(body.errors)
         data = body.validated_data if not errors else {}
         sections = {
-            "reminder": (reminder_settings_get(fresh=True), ReminderSettingsSerializer),
-            "expiry": (expiry_services.expiry_settings_get(max_age=0), ExpirySettingsSerializer),
+            "reminder": (reminder_settings_get(max_age_s=0), ReminderSettingsSerializer),
+            "expiry": (expiry_services.expiry_settings_get(max_age_s=0), ExpirySettingsSerializer),
         }
         changed = {}
         for name, (live, serializer_class) in sections.items():
@@ -382,5 +382,5 @@ class ConfigApi(APIView):
             if "reminder" in changed:
                 services.reminder_settings_save(instance=changed["reminder"])
             if "expiry" in changed:
-                expiry_services.expiry_settings_save(config=changed["expiry"])
+                expiry_services.expiry_settings_save(instance=changed["expiry"])
         return Response(self._body())

@@ -27,6 +27,7 @@ from couponcenter.core.redis import get_redis
 from couponcenter.models import Coupon, UserCoupon
 from expiry.models import ExpiryTask
 from reminders.engine import keys, queue, scripts
+from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
 from reminders.members import REMINDER_TOPIC, member
 from reminders.models import ReminderSubscription
@@ -88,7 +89,7 @@ class ConsoleBench:
         self.coupons = [claimed, upcoming]
         self._insert_user_coupons(claimed, now)
         t_coupons = time.perf_counter() - started
-        slots = reminder_settings_get(fresh=True).slots
+        slots = reminder_settings_get(max_age_s=0).slots
         self._insert_subscriptions(upcoming, now + timedelta(days=1) - timedelta(minutes=1), slots)
         t_subs = time.perf_counter() - started - t_coupons
         self._index_in_redis(upcoming, slots)
@@ -154,7 +155,7 @@ class ConsoleBench:
         bar = self.progress(self.count, "redis index")
         batch = []
         for pk, user_id, remind_at in rows.iterator(chunk_size=20_000):
-            batch.append((member(pk), int(remind_at.timestamp() * 1000),
+            batch.append((member(pk), epoch_ms(remind_at),
                           slot_for(user_id, slots)))  # fmt: skip
             if len(batch) >= 50_000:
                 queue.schedule_many(REMINDER_TOPIC, batch)
@@ -177,7 +178,7 @@ class ConsoleBench:
             got = queue.claim(REMINDER_TOPIC, slot, now_ms=10**13, limit=per_slot,
                               visibility_ms=60_000, lease_token=token, with_due=False)  # fmt: skip
             queue.bury(REMINDER_TOPIC, slot, [(c.job_id, "bench: gateway 503") for c in got],
-                       now_ms=int(time.time() * 1000), lease_token=token)  # fmt: skip
+                       now_ms=epoch_ms(), lease_token=token)  # fmt: skip
             scripts.lease_release(client, k.lease, token=token)
 
     # --- measure ----------------------------------------------------------------------------------

@@ -334,7 +334,7 @@ def run(
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
     }
-    live = reminder_settings_get(fresh=True)
+    live = reminder_settings_get(max_age_s=0)
     # The parts that fork worker processes run first: a process forked after Celery's broker
     # connections were used (the reminders part pings its workers) can hang in kombu's
     # after-fork cleanup.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from couponcenter.core.humanize import ms_age
 from couponcenter.core.lockout import lockouts_now
 from expiry import selectors as expiry_selectors
+from reminders.engine.clock import epoch_ms
 from reminders.members import is_reminder_topic
 from reminders.models import ReminderSettings
 from reminders.selectors import reminder_settings_get
@@ -19,7 +20,6 @@ from reminders.selectors.queues import (
     Backlog,
     backlog,
     due_soon,
-    now_ms,
     recent_lateness,
     throughput,
     timeout_topic_rows,
@@ -58,8 +58,8 @@ def overview(chart_range: str = DEFAULT_RANGE) -> dict:
     """Everything the overview page shows, read once; the charts over ``chart_range`` (a key of
     ``RANGES``), the tables over the last hour."""
     minutes, step_s = RANGES[chart_range]
-    live = reminder_settings_get(fresh=True)
-    at_ms = now_ms()
+    live = reminder_settings_get(max_age_s=0)
+    at_ms = epoch_ms()
     data = backlog(at_ms=at_ms)
     series = throughput()
     if step_s == 60:

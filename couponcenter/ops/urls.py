@@ -2,15 +2,15 @@
 
 from django.urls import path
 
-from couponcenter.ops import api as ops
+from couponcenter.ops import api
 
 urlpatterns = [
-    path("ops/backlog/", ops.BacklogApi.as_view(), name="ops-backlog"),
-    path("ops/dead-letters/", ops.DeadLetterListApi.as_view(), name="ops-dead-letters"),
+    path("ops/backlog/", api.BacklogApi.as_view(), name="ops-backlog"),
+    path("ops/dead-letters/", api.DeadLetterListApi.as_view(), name="ops-dead-letters"),
     path(
         "ops/dead-letters/requeue/",
-        ops.DeadLetterRequeueApi.as_view(),
+        api.DeadLetterRequeueApi.as_view(),
         name="ops-dead-letters-requeue",
     ),
-    path("ops/config/", ops.ConfigApi.as_view(), name="ops-config"),
+    path("ops/config/", api.ConfigApi.as_view(), name="ops-config"),
 ]

@@ -39,13 +39,13 @@ class ReminderSettingsAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context=None):
         # One row: go straight to it (created with the defaults on first visit).
-        row = reminder_settings_get(fresh=True)
+        row = reminder_settings_get(max_age_s=0)
         return HttpResponseRedirect(
             reverse("admin:reminders_remindersettings_change", args=[row.pk])
         )
 
     def change_view(self, request: HttpRequest, object_id, form_url="", extra_context=None):
-        live = reminder_settings_get(fresh=True)
+        live = reminder_settings_get(max_age_s=0)
         extra_context = {
             **(extra_context or {}),
             "current_version": live.version,

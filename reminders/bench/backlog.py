@@ -16,7 +16,7 @@ For each backlog size (1M and 10M by default) on a throwaway topic with the prod
 The backlog is due an hour ahead, so it never mixes with the sample. Everything is deleted after.
 
 ``bench_rebuild_size`` (``--rebuild``): the rebuild rate from PostgreSQL, through the code path of
-``rebuild_reminder_queues`` (``subscriptions_reindex``), over N scheduled subscriptions of a bench
+``rebuild_reminder_queues`` (``subscriptions_rebuild``), over N scheduled subscriptions of a bench
 coupon, into a throwaway key prefix (so no worker sees them); rows and keys are deleted after.
 """
 
@@ -38,11 +38,12 @@ from reminders.bench.engine import _cleanup, _topic
 from reminders.bench.tables import delete_bench_rows, delete_keys, vacuum_analyze
 from reminders.engine import connection as connection_redis
 from reminders.engine import keys, queue
+from reminders.engine.clock import epoch_ms
 from reminders.engine.connection import Client
 from reminders.engine.leases import SlotLeases
 from reminders.members import member
 from reminders.models import ReminderSubscription
-from reminders.services.subscriptions import subscriptions_reindex
+from reminders.services.subscriptions import subscriptions_rebuild
 
 SCHEDULE_CHUNK = 50_000
 CLAIM_BATCH = 2000
@@ -89,7 +90,7 @@ def bench_backlog_size(
 ) -> dict[str, Any]:
     client = connection_redis.client(client)
     topic = _topic()
-    now = int(time.time() * 1000)
+    now = epoch_ms()
     leases = SlotLeases("bench-backlog", ttl_ms=600_000, client=client)
     try:
         before = _used_memory(client)
@@ -201,7 +202,7 @@ def _load_subscriptions(coupon: Coupon, count: int, progress: Progress | None) -
 
 
 def bench_rebuild_size(count: int, *, progress: Progress | None = None) -> dict[str, Any]:
-    """Scheduled reminders re-indexed from PostgreSQL per second, with ``count`` of them."""
+    """Scheduled reminders rebuilt from PostgreSQL per second, with ``count`` of them."""
     if ReminderSubscription.objects.filter(status=ReminderSubscription.Status.SCHEDULED).exists():
         raise RuntimeError("the rebuild bench needs a database with no scheduled reminders")
     coupon = Coupon.objects.create(
@@ -221,7 +222,7 @@ def bench_rebuild_size(count: int, *, progress: Progress | None = None) -> dict[
                     progress(f"rebuild {count:,}", done, count)
 
             started = time.perf_counter()
-            added = subscriptions_reindex(progress=step)
+            added = subscriptions_rebuild(progress=step)
             seconds = time.perf_counter() - started
     finally:
         delete_keys(bench_prefix)

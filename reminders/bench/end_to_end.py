@@ -43,6 +43,7 @@ from reminders.bench import backlog as backlog_bench
 from reminders.bench import engine as engine_bench
 from reminders.bench.tables import delete_bench_rows, delete_keys, vacuum_analyze
 from reminders.engine import leases, queue
+from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
 from reminders.handlers.coupon_reminders import delivery_queue_depth
 from reminders.members import REMINDER_TOPIC, member
@@ -241,7 +242,7 @@ def settle(progress: Progress | None, timeout: float = 120) -> None:
 def prestage_window(ms: int):
     """The live pre-stage window set for a phase (the workers pick it up within their settings
     poll), and the operator's value restored afterwards."""
-    live = reminder_settings_get(fresh=True)
+    live = reminder_settings_get(max_age_s=0)
     before = live.prestage_ms
     _set_prestage(ms)
     try:
@@ -251,7 +252,7 @@ def prestage_window(ms: int):
 
 
 def _set_prestage(ms: int) -> None:
-    live = ReminderSettings.objects.get(pk=reminder_settings_get(fresh=True).pk)
+    live = ReminderSettings.objects.get(pk=reminder_settings_get(max_age_s=0).pk)
     live.prestage_ms = ms
     reminder_settings_save(instance=live)
     # The workers poll the change marker every SETTINGS_MAX_AGE_S; wait until they could have.
@@ -276,7 +277,7 @@ def bench_burst(
         due = timezone.now() + timedelta(seconds=count / 25_000 + 4, milliseconds=prestage_ms)
         ReminderSubscription.objects.filter(coupon=coupon).update(remind_at=due)
         vacuum_analyze()
-        due_ms = queue.epoch_ms(due)
+        due_ms = epoch_ms(due)
         items = [(member(pk), due_ms, slot) for pk, user, slot in subs]
         started = time.perf_counter()
         queue.schedule_many(REMINDER_TOPIC, items)
@@ -328,7 +329,7 @@ def bench_steady(
     try:
         subs = _subscriptions(coupon, count, user_base, progress)
         start = timezone.now() + timedelta(seconds=count / 5_000 + 4)
-        start_ms = queue.epoch_ms(start)
+        start_ms = epoch_ms(start)
         due = {pk: start_ms + (i * 1000) // rate for i, (pk, _, _) in enumerate(subs)}
         _set_remind_at(due)
         vacuum_analyze()
@@ -386,7 +387,7 @@ def run(
     settings.REDIS_KEY_PREFIX = prefix
     delivery_queue = f"bench-{uuid.uuid4().hex[:8]}"
     settings.DELIVERY_QUEUE = delivery_queue
-    live = reminder_settings_get(fresh=True)
+    live = reminder_settings_get(max_age_s=0)
     result: dict[str, Any] = {
         "database": connection.vendor,
         "gateway": live.gateway,
@@ -422,7 +423,7 @@ def run(
                         )
             if backlog and steady_seconds > 0:
                 with prestage_window(0):
-                    day_ahead = queue.epoch_ms(timezone.now() + timedelta(days=1))
+                    day_ahead = epoch_ms(timezone.now() + timedelta(days=1))
                     backlog_bench.schedule_backlog(
                         REMINDER_TOPIC, backlog, due_ms=day_ahead, slots=live.slots,
                         progress=progress,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reminders.engine import connection, keys, queue, scripts
+from reminders.engine.clock import epoch_ms
 from reminders.engine.connection import Client
 from reminders.engine.leases import SlotLeases
 
@@ -59,7 +60,7 @@ def bench_schedule(
     """Jobs/s through ``schedule_many`` (grouped per slot, chunked EVALSHA, pipelined)."""
     client = connection.client(client)
     topic = _topic()
-    items = _items(n, slots, due_ms=int(time.time() * 1000) + 3_600_000)
+    items = _items(n, slots, due_ms=epoch_ms() + 3_600_000)
     try:
         start = time.perf_counter()
         added = queue.schedule_many(topic, items, client=client)
@@ -80,7 +81,7 @@ def bench_claim_ack(
     """Jobs/s of claim (store -> prepare, fenced) + ack (fenced) of ``n`` due jobs, one process."""
     client = connection.client(client)
     topic = _topic()
-    now = int(time.time() * 1000)
+    now = epoch_ms()
     leases = SlotLeases("bench", ttl_ms=600_000, client=client)
     try:
         queue.schedule_many(topic, _items(n, slots, due_ms=now - 10_000), client=client)
@@ -111,7 +112,7 @@ def bench_raw_lua(
     client = connection.client(client)
     topic = _topic()
     key = keys.slot_keys(topic, 0).store
-    now = int(time.time() * 1000)
+    now = epoch_ms()
     try:
         pipe = scripts.pipeline(client)
         for i in range(0, n, 10_000):
@@ -127,9 +128,3 @@ def bench_raw_lua(
     finally:
         _cleanup(client, topic, 1)
     return {"name": "raw_lua_pop", "batch": batch, **result}
-
-
-def run_all(n: int = 200_000, *, client: Client | None = None) -> list[dict[str, Any]]:
-    return [bench_schedule(n, client=client), bench_claim_ack(n, client=client),
-            bench_claim_ack(n, with_due=False, client=client),
-            bench_raw_lua(n, client=client)]  # fmt: skip

@@ -36,6 +36,7 @@ from couponcenter.bench.lateness import lateness_summary
 from couponcenter.core.redis import get_redis
 from reminders.bench.end_to_end import CELERY_CONCURRENCY, Progress
 from reminders.bench.peer_tasks import record_lateness
+from reminders.engine.clock import epoch_ms
 
 BULLMQ_VERSION = "5"
 BULLMQ_CONCURRENCY = 50
@@ -182,11 +183,11 @@ def bench_celery_eta(
     result: dict[str, Any] = {}
     try:
         # Due after the whole burst is published (about 1,000 a second here, one message each).
-        due = int(time.time() * 1000) + int(count / PUBLISH_RATE * 1000) + 3000
+        due = epoch_ms() + int(count / PUBLISH_RATE * 1000) + 3000
         result.update(_celery_phase("burst", [due] * count, queue, progress, 600))
         for rate in rates:
             n = rate * seconds
-            t0 = int(time.time() * 1000) + int(n / PUBLISH_RATE * 1000) + 3000
+            t0 = epoch_ms() + int(n / PUBLISH_RATE * 1000) + 3000
             dues = [t0 + (i * 1000) // rate for i in range(n)]
             result.update(_celery_phase(f"steady_{rate}", dues, queue, progress, seconds + 300))
     finally:

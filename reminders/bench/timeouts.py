@@ -48,7 +48,7 @@ from couponcenter.bench.progress import Progress
 from couponcenter.core.redis import get_redis
 from reminders.engine import leases
 from reminders.models import TimeoutJob, TimeoutTopic
-from reminders.services import timeout_jobs_bulk_create, timeout_jobs_reindex, timeout_topic_save
+from reminders.services import timeout_jobs_bulk_create, timeout_jobs_rebuild, timeout_topic_save
 
 BURST_TOPIC, SLOW_TOPIC, STEADY_TOPIC, API_TOPIC = (
     "bench.http", "bench.slow", "bench.steady", "bench.api",
@@ -178,7 +178,7 @@ def _move_due(topic: str, at) -> None:
     client = get_redis()
     for key in client.scan_iter(match=f"{settings.REDIS_KEY_PREFIX}:{{{topic}:*", count=1000):
         client.delete(key)
-    timeout_jobs_reindex()
+    timeout_jobs_rebuild()
 
 
 def bench_burst(receiver: str, *, count: int, progress: Progress) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Invariants (every module in this package keeps them):
 
 1. Redis holds the schedule, not the truth. A job is its id string (member); the database row it
-   stands for is authoritative, so what is lost here is re-indexed by ``schedule_many(nx=True)``.
+   stands for is authoritative, so what is lost here is rebuilt by ``schedule_many(nx=True)``.
 2. Per (topic, slot) a job is in one of three sorted sets sharing one hash tag:
    ``store`` (score = due ms), ``prepare`` (in flight; score = deadline_ms * 1000 + attempt, which
    stays below 2^53 until the year 2255 with attempt <= 999) and ``dead`` (score = when it died).

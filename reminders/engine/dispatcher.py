@@ -29,6 +29,7 @@ from typing import Protocol
 import redis
 
 from . import leases, queue
+from .clock import epoch_ms
 from .connection import Client
 from .maintenance import Maintenance
 from .scripts import Claimed, LeaseLost, Parcel
@@ -54,10 +55,6 @@ ERROR_SLEEP_S = 1.0  # after a failed tick (Redis down, handler bug in setup)
 # its worker is reported stalled (``leases.stalled_workers``, the health check).
 STALL_MS = 60_000
 _DONE = (Outcome.OK, Outcome.DROP)
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass
@@ -116,7 +113,7 @@ class Dispatcher:
         hooks: Hooks = Hooks(),
         worker_id: str | None = None,
         client: Client | None = None,
-        clock: Callable[[], int] = wall_ms,
+        clock: Callable[[], int] = epoch_ms,
         version: str = "",
         maintenance_every_ms: int = 0,
         min_sleep_ms: float = MIN_SLEEP_S * 1000,

@@ -12,12 +12,11 @@ standalone or cluster.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 from . import connection, keys, scripts
+from .clock import epoch_ms
 from .connection import Client
 from .keys import slot_for, slot_keys
 from .scripts import Claimed, NackResult, Parcel, ReapResult
@@ -48,11 +47,6 @@ class DeadEntry:
     died_ms: int
     attempts: int
     last_error: str
-
-
-def epoch_ms(moment: datetime | None = None) -> int:
-    """A due time or ``now`` as the engine's milliseconds since the epoch (``moment``: now)."""
-    return time.time_ns() // 1_000_000 if moment is None else int(moment.timestamp() * 1000)
 
 
 # --- producing -----------------------------------------------------------------------------------

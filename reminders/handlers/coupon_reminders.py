@@ -24,7 +24,7 @@ from django.conf import settings
 
 from couponcenter.core.redis import broker_client
 from reminders import metrics
-from reminders.engine import queue
+from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Parcel
 from reminders.engine.topics import HANDED_ON, Result, Topic
 from reminders.members import REMINDER_TOPIC, REMINDER_TOPIC_HIGH
@@ -122,7 +122,7 @@ def flush_reminders(topic: str) -> None:
         failures = [(p.slot, p.parcel_id, [(job_id, error) for job_id in p.job_ids()])
                     for p in parcels]  # fmt: skip
         reminders_retry_parcels(topic, failures, live=reminder_settings_get(),
-                                now_ms=queue.epoch_ms())  # fmt: skip
+                                now_ms=epoch_ms())  # fmt: skip
         raise
 
 

@@ -46,14 +46,14 @@ from django.db import close_old_connections
 
 from couponcenter.core.webhooks import guarded_session
 from reminders.engine import queue
-from reminders.engine.dispatcher import wall_ms
+from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
 from reminders.models import TimeoutJob
 from reminders.selectors.topics import TimeoutTopicSpec
 
 logger = logging.getLogger(__name__)
 # Waiting work per unit of concurrency: enough to keep every call busy, little enough that a
-# job's wait stays well inside its visibility timeout (selectors.topics.VISIBILITY_CALLS).
+# job's wait stays well inside its visibility timeout (topic_specs.VISIBILITY_CALLS).
 QUEUE_DEPTH = 2
 BATCH_JOBS = 500  # jobs per celery task or callable call
 SETTLE_MAX = 5000  # fired jobs settled per round of the settler
@@ -90,7 +90,7 @@ class TopicExecutor:
         quarantine: Quarantine | None = None,
         on_room: Callable[[], None] | None = None,
         take: Take | None = None,
-        clock: Clock = wall_ms,
+        clock: Clock = epoch_ms,
     ) -> None:
         self.spec = spec
         self.on_room = on_room  # called when a full batch fits again (wakes the dispatcher)
@@ -307,7 +307,7 @@ class TopicExecutor:
         except Exception as exc:  # noqa: BLE001 - a failed call fails its jobs, retried
             error = f"{exc.__class__.__name__}: {exc}"[:500]
             errors = {job.pk: error for job, _ in jobs}
-        now = wall_ms()
+        now = epoch_ms()
         return [Fired(slot, job, attempt, errors.get(job.pk), now) for job, attempt in jobs]
 
     def _fire_to_settler(self, slot: int, jobs: list[tuple[TimeoutJob, int]]) -> None:
@@ -470,7 +470,7 @@ class TopicExecutors:
         self._fire = fire
         self._settle = settle
         self._take = take  # None: nothing is held (every entry is taken when claimed)
-        self.clock = clock or wall_ms
+        self.clock = clock or epoch_ms
         self.inline = inline
         self.on_room: Callable[[], None] | None = None  # set by the worker: Dispatcher.wake
         self.quarantine = Quarantine()

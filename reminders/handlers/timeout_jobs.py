@@ -28,7 +28,7 @@ from couponcenter.core.webhooks import post_signed
 from reminders import metrics
 from reminders.alerts import raise_alert
 from reminders.engine import queue
-from reminders.engine.queue import epoch_ms as queue_epoch_ms
+from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
 from reminders.engine.topics import DROP, HANDED_ON, Result, Retry
 from reminders.handlers.executors import Fired
@@ -120,7 +120,7 @@ def timeout_jobs_take(
 
 def _retry_handed(spec: TimeoutTopicSpec, slot: int, entries: list[Claimed], error: str) -> None:
     queue.nack_handed(spec.name, slot, [(e.job_id, error) for e in entries],
-                      now_ms=queue_epoch_ms(timezone.now()), max_attempts=spec.max_attempts,
+                      now_ms=epoch_ms(timezone.now()), max_attempts=spec.max_attempts,
                       backoff_base_ms=spec.backoff_base_ms,
                       backoff_cap_ms=spec.backoff_cap_ms)  # fmt: skip
 
@@ -175,7 +175,7 @@ def _take(due: dict[int, Claimed]) -> tuple[list[TimeoutJob], set[int]]:
             values["attribute"] = json.loads(values["attribute"])
         job = TimeoutJob(status=Status.RUNNING, **values)
         entry = due[job.pk]
-        if entry.due_ms and queue_epoch_ms(job.action_time) > entry.due_ms + DUE_SLACK_MS:
+        if entry.due_ms and epoch_ms(job.action_time) > entry.due_ms + DUE_SLACK_MS:
             moved.append(job.pk)
         else:
             jobs.append(job)
@@ -309,7 +309,7 @@ def _settle_chunk(spec: TimeoutTopicSpec, fired: list[Fired]) -> dict[str, int]:
     nacks: dict[int, list[tuple[str, str]]] = defaultdict(list)
     for f in failed:
         nacks[f.slot].append((str(f.job.pk), f.error))
-    now_ms = queue_epoch_ms(timezone.now())
+    now_ms = epoch_ms(timezone.now())
     for slot, items in nacks.items():
         queue.nack_handed(spec.name, slot, items, now_ms=now_ms, max_attempts=spec.max_attempts,
                           backoff_base_ms=spec.backoff_base_ms,
@@ -330,7 +330,7 @@ def _settle_chunk(spec: TimeoutTopicSpec, fired: list[Fired]) -> dict[str, int]:
     metrics.record(
         spec.name,
         {"delivered": len(ok), "failed": len(failed) - len(dead), "dead": len(dead)},
-        [max(0, f.fired_ms - queue_epoch_ms(f.job.action_time)) for f in ok],
+        [max(0, f.fired_ms - epoch_ms(f.job.action_time)) for f in ok],
     )
     if tracing.enabled():
         _trace_fired(spec, fired, dead={f.job.pk for f in dead})

@@ -17,7 +17,7 @@ from django.conf import settings
 
 from reminders.engine import rates
 from reminders.engine import topics as engine_topics
-from reminders.engine.dispatcher import wall_ms
+from reminders.engine.clock import epoch_ms
 from reminders.engine.topics import EngineSettings, Topic, TopicSettings
 from reminders.handlers.coupon_reminders import reminder_topics
 from reminders.handlers.executors import Clock, TopicExecutors
@@ -121,12 +121,12 @@ class ClaimBudget:
         want = min(want, executor.room())
         if want <= 0 or not spec.rate_limit_per_s:
             return want
-        return rates.take(topic.name, spec.rate_limit_per_s, want, now_ms=wall_ms())
+        return rates.take(topic.name, spec.rate_limit_per_s, want, now_ms=epoch_ms())
 
     def give_back(self, topic: Topic, unused: int) -> None:
         spec = self.generic.spec(topic.name)
         if spec is not None and spec.rate_limit_per_s and unused > 0:
-            rates.give_back(topic.name, spec.rate_limit_per_s, unused, now_ms=wall_ms())
+            rates.give_back(topic.name, spec.rate_limit_per_s, unused, now_ms=epoch_ms())
 
 
 def builtin_topics(names: set[str] | None = None) -> list[Topic]:

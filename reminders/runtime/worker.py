@@ -1,7 +1,7 @@
 """The reminder worker process: the engine's dispatch loop wired to Django.
 
 - config: ``ReminderSettings`` (read every tick, cached briefly) via ``runtime.topics``;
-- housekeeping under a singleton lease (exactly one worker does it): the reconcile that re-indexes
+- housekeeping under a singleton lease (exactly one worker does it): the reconcile that rebuilds
   pending jobs due within ``RECONCILE_WINDOW_S`` from the database every ``RECONCILE_EVERY_S``, so
   a Redis restart or flush loses nothing, and removes the entries in that window whose row is
   final (``services.orphans``: a subscribe/unsubscribe race can index a cancelled row); in the
@@ -48,7 +48,7 @@ BROKER_RETRY_S = 1.0
 
 
 class Reconciler:
-    """Re-index from the database what Redis may have lost.
+    """Rebuild from the database what Redis may have lost.
 
     - every ``every_s`` seconds, the pending jobs due within ``window_s`` (idempotent, NX);
     - at once and in full when the epoch marker is gone: Redis was flushed or restarted without
@@ -56,7 +56,7 @@ class Reconciler:
       full rebuild runs per loss).
 
     ``background``: the periodic reconcile runs in a thread of its own (the worker process), not
-    in the dispatch loop's: it reads every reminder due within the window and re-indexes it, and
+    in the dispatch loop's: it reads every reminder due within the window and rebuilds it, and
     with 50,000 due in the next minutes that would hold up every claim for half a second, once a
     minute. One runs at a time; a
     call while it is still running does nothing. The full rebuild stays in the loop: after a

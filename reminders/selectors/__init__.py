@@ -17,9 +17,10 @@ SETTINGS_MAX_AGE_S = 0.5
 _settings = LiveSettingsReader(ReminderSettings, max_age_s=SETTINGS_MAX_AGE_S)
 
 
-def reminder_settings_get(*, fresh: bool = False) -> ReminderSettings:
-    """The live settings row; ``fresh``: check its change marker now."""
-    return _settings.get(max_age_s=0 if fresh else None)
+def reminder_settings_get(*, max_age_s: float | None = None) -> ReminderSettings:
+    """The live settings row as of at most ``max_age_s`` seconds ago (default:
+    ``SETTINGS_MAX_AGE_S``; 0: check its change marker now)."""
+    return _settings.get(max_age_s=max_age_s)
 
 
 def reminder_settings_marker() -> Marker:
@@ -28,7 +29,7 @@ def reminder_settings_marker() -> Marker:
     return _settings.marker()
 
 
-def reminder_settings_forget() -> None:
+def reminder_settings_cache_clear() -> None:
     """Drop the cached row (after a write of it, so this process reads the new one at once)."""
     _settings.clear()
 
@@ -37,10 +38,6 @@ def reminder_settings_recheck() -> None:
     """Check the marker at the next read (after a write that moved it, e.g. a topic's), keeping
     the row: an invalid row found then still leaves the last good one in use."""
     _settings.recheck()
-
-
-def timeout_job_get(*, job_id: int) -> TimeoutJob:
-    return TimeoutJob.objects.get(pk=job_id)
 
 
 def timeout_job_attribute_text(*, job_id: int, max_chars: int) -> tuple[str, int]:

@@ -17,6 +17,7 @@ from django.conf import settings
 from couponcenter.core.webhooks import origin
 from reminders import metrics
 from reminders.engine import leases, queue, rates
+from reminders.engine.clock import epoch_ms
 from reminders.engine.queue import SlotStats
 from reminders.members import REMINDER_TOPICS
 from reminders.models import ReminderSettings
@@ -27,10 +28,6 @@ CHART_MINUTES = 60
 # The p99 shown in the banner: the worst minute among the last few (a single quiet minute after a
 # burst must not hide it, and an hour-old spike must not keep the banner up).
 RECENT_MINUTES = 5
-
-
-def now_ms() -> int:
-    return queue.epoch_ms()
 
 
 def ms_to_datetime(ms: int | None) -> datetime | None:
@@ -86,7 +83,7 @@ class Backlog:
 
 def backlog(*, at_ms: int | None = None, topic: str | None = None) -> Backlog:
     """Per topic and slot: store size, due now, oldest overdue age, in flight and dead."""
-    at_ms = now_ms() if at_ms is None else at_ms
+    at_ms = epoch_ms() if at_ms is None else at_ms
     topics = []
     for name, slots in topic_slot_counts().items():
         if topic is None or name == topic:
@@ -122,7 +119,7 @@ DUE_SOON_WINDOWS = 6  # the next hour, in 10-minute windows
 def due_soon(*, at_ms: int | None = None) -> list[dict]:
     """Per topic: how many scheduled jobs fall due in each of the next hour's 10-minute windows
     (one pipeline of ZCOUNTs per topic, over every slot still served)."""
-    at_ms = now_ms() if at_ms is None else at_ms
+    at_ms = epoch_ms() if at_ms is None else at_ms
     step = DUE_SOON_STEP_MIN * 60_000
     bounds = [at_ms + step * (i + 1) for i in range(DUE_SOON_WINDOWS)]
     rows = []
@@ -192,8 +189,8 @@ class WorkerRow:
 
 def workers(*, at_ms: int | None = None, live: ReminderSettings | None = None) -> list[WorkerRow]:
     """Registered workers (live first), heartbeat age, and whether they run the current config."""
-    at_ms = now_ms() if at_ms is None else at_ms
-    version = (live or reminder_settings_get(fresh=True)).version
+    at_ms = epoch_ms() if at_ms is None else at_ms
+    version = (live or reminder_settings_get(max_age_s=0)).version
     rows = [
         WorkerRow(
             worker_id=w.worker_id,
@@ -259,7 +256,7 @@ def timeout_topic_rows(
 ) -> list[TimeoutTopicRow]:
     """Every generic topic: backlog, lateness, the hour's counts, rate-limit state and how full
     the workers' executors are (from their heartbeats)."""
-    at_ms = now_ms() if at_ms is None else at_ms
+    at_ms = epoch_ms() if at_ms is None else at_ms
     backlogs = {t.topic: t for t in data.topics}
     load: dict[str, list[int]] = {}
     for w in leases.list_workers():

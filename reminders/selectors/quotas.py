@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
 from reminders.engine import quotas
-from reminders.engine.queue import epoch_ms
+from reminders.engine.clock import epoch_ms
 from reminders.models import ReminderSettings, TimeoutJob
 from reminders.selectors.queues import ms_to_datetime
 from reminders.selectors.topics import timeout_topic_specs

@@ -9,7 +9,7 @@ from .subscriptions import (
     subscription_unsubscribe,
     subscriptions_cancel_for_coupon,
     subscriptions_drop_for_coupon,
-    subscriptions_reindex,
+    subscriptions_rebuild,
     subscriptions_reschedule_for_coupon,
 )
 from .timeouts import (
@@ -20,7 +20,7 @@ from .timeouts import (
     timeout_job_ensure,
     timeout_job_reschedule,
     timeout_jobs_bulk_create,
-    timeout_jobs_reindex,
+    timeout_jobs_rebuild,
 )
 from .topics import TopicInUse, timeout_topic_delete, timeout_topic_save
 
@@ -37,7 +37,7 @@ __all__ = [
     "subscription_unsubscribe",
     "subscriptions_cancel_for_coupon",
     "subscriptions_drop_for_coupon",
-    "subscriptions_reindex",
+    "subscriptions_rebuild",
     "subscriptions_reschedule_for_coupon",
     "timeout_topic_delete",
     "timeout_topic_save",
@@ -47,5 +47,5 @@ __all__ = [
     "timeout_job_ensure",
     "timeout_job_reschedule",
     "timeout_jobs_bulk_create",
-    "timeout_jobs_reindex",
+    "timeout_jobs_rebuild",
 ]

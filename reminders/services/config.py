@@ -20,7 +20,7 @@ def reminder_settings_save(*, instance: ReminderSettings) -> ReminderSettings:
         transaction.on_commit(
             lambda: [queue.record_layout(topic, slots) for topic in REMINDER_TOPICS]
         )
-    selectors.reminder_settings_forget()
+    selectors.reminder_settings_cache_clear()
     return instance
 
 

@@ -20,6 +20,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from reminders.engine import queue
+from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPICS, try_sub_id_of
 from reminders.models import ReminderSubscription, TimeoutJob
 from reminders.selectors.queues import topic_slot_counts
@@ -73,7 +74,7 @@ def dead_letters_requeue(*, topic: str, slot: int, job_ids: Sequence[str]) -> Re
 
         def move() -> None:
             result.requeued += queue.requeue_dead(
-                topic, slot, now_ms=queue.epoch_ms(), job_ids=movable, limit=len(movable)
+                topic, slot, now_ms=epoch_ms(), job_ids=movable, limit=len(movable)
             )
 
         if movable:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -50,13 +49,13 @@ from couponcenter.models import Coupon
 from reminders import metrics
 from reminders.alerts import raise_alert
 from reminders.engine import queue
+from reminders.engine.clock import epoch_ms
 from reminders.gateways import Gateway, InboxGateway, Message, gateway_for
-from reminders.members import member as member_of_sub
-from reminders.members import sub_id_of, try_sub_id_of
+from reminders.members import member, sub_id_of, try_sub_id_of
 from reminders.models import ReminderSettings, ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
-from .indexing import REINDEX_CHUNK
+from .indexing import BULK_CHUNK
 from .push_cap import push_cap_apply
 from .staging import hidden_reminder_notes, notifications_delete
 
@@ -125,7 +124,7 @@ def reminders_deliver(batch: dict[str, Any]) -> dict[str, int]:
     redelivered = sum(1 for m in members if attempts.get(m, 1) >= 2)
     # Checked now, not from the process's cache: one small query a batch, and a change of the
     # policy (the push cap, the late limit) applies from the next batch on.
-    live = reminder_settings_get(fresh=True)
+    live = reminder_settings_get(max_age_s=0)
     try:
         gateway = gateway_for(live.gateway)
         if isinstance(gateway, InboxGateway):
@@ -312,26 +311,22 @@ def _unstage_mates(items: list[Item], now: datetime, window_ms: int) -> list[Ite
         return []
     kept = []
     ids = sorted(mates)
-    for start in range(0, len(ids), REINDEX_CHUNK):
+    for start in range(0, len(ids), BULK_CHUNK):
         kept += (
             ReminderSubscription.objects.select_for_update()
-            .filter(pk__in=ids[start : start + REINDEX_CHUNK], status=Status.SENT, sent_at__gt=now)
+            .filter(pk__in=ids[start : start + BULK_CHUNK], status=Status.SENT, sent_at__gt=now)
             .order_by("pk")
             .values_list("pk", "user_id", "remind_at", "coupon_id", "traceparent")
         )
     notifications_delete(notes)
     return [
-        Item(member_of_sub(pk), pk, user, remind_at, coupon, trace)
+        Item(member(pk), pk, user, remind_at, coupon, trace)
         for pk, user, remind_at, coupon, trace in kept
     ]
 
 
 def _bucket(moment: datetime, window_ms: int) -> int:
-    return _epoch_ms(moment) // window_ms
-
-
-def _epoch_ms(moment: datetime) -> int:
-    return int(moment.timestamp() * 1000)
+    return epoch_ms(moment) // window_ms
 
 
 # --- external gateways: deliver, then mark -------------------------------------------------------
@@ -479,13 +474,13 @@ def _settle(
     live: ReminderSettings,
     report: Report,
 ) -> dict[str, int]:
-    now_ms = int(time.time() * 1000)
+    now_ms = epoch_ms()
     if report.dead:
         ReminderSubscription.objects.filter(pk__in=report.dead, status=Status.SCHEDULED).update(
             status=Status.FAILED
         )
     for item in report.early:  # its entry fired ahead of its row: back at the row's time
-        queue.schedule(topic, member_of_sub(item.sub_id), _epoch_ms(item.remind_at),
+        queue.schedule(topic, member(item.sub_id), epoch_ms(item.remind_at),
                        slot=slot_of[item.member])  # fmt: skip
     if parcels:
         errors = dict(report.failed)
@@ -493,15 +488,15 @@ def _settle(
                    for slot, parcel_id, members in parcels]  # fmt: skip
         reminders_retry_parcels(topic, settled, live=live, now_ms=now_ms)
     else:
-        failed = {member for member, _ in report.failed}
+        failed = {m for m, _ in report.failed}
         done: dict[int, list[str]] = defaultdict(list)
-        for member, slot in slot_of.items():
-            if member not in failed:
-                done[slot].append(member)
+        for m, slot in slot_of.items():
+            if m not in failed:
+                done[slot].append(m)
         queue.ack_handed_many(topic, done)
         retry: dict[int, list[tuple[str, str]]] = defaultdict(list)
-        for member, error in report.failed:
-            retry[slot_of[member]].append((member, error))
+        for m, error in report.failed:
+            retry[slot_of[m]].append((m, error))
         reminders_retry(topic, retry, live=live, now_ms=now_ms)
     if report.dead:
         raise_alert(
@@ -515,7 +510,7 @@ def _settle(
          "dead": len(report.dead), "dropped": report.dropped, "capped": report.capped,
          "digested": report.digested},
         # A staged reminder shows at its due moment: on time, not early.
-        [max(0, now_ms - int(item.remind_at.timestamp() * 1000)) for item in report.delivered],
+        [max(0, now_ms - epoch_ms(item.remind_at)) for item in report.delivered],
     )  # fmt: skip
     if tracing.enabled():
         _trace_delivery(topic, live, report)

@@ -14,10 +14,11 @@ from collections.abc import Callable
 from django.db import transaction
 
 from reminders.engine import queue
+from reminders.engine.clock import epoch_ms
 from reminders.members import member, reminder_topic_for
 from reminders.models import ReminderSubscription
 
-REINDEX_CHUNK = 5000
+BULK_CHUNK = 5000  # rows per bulk read, statement or index call
 
 
 def by_topic(rows, key: Callable) -> dict[str, list]:
@@ -34,7 +35,7 @@ def index_on_commit(subs: list[ReminderSubscription]) -> None:
         subs,
         lambda s: (
             reminder_topic_for(s.priority),
-            (member(s.pk), queue.epoch_ms(s.remind_at), s.slot),
+            (member(s.pk), epoch_ms(s.remind_at), s.slot),
         ),
     )
 
@@ -46,9 +47,9 @@ def index_on_commit(subs: list[ReminderSubscription]) -> None:
         transaction.on_commit(index)
 
 
-def unindex_on_commit(subs: list[tuple[int, int, int, int, str]]) -> None:
-    """(sub id, user id, coupon id, slot, priority) entries leave Redis once committed."""
-    grouped = by_topic(subs, lambda r: (reminder_topic_for(r[4]), (member(r[0]), r[3])))
+def unindex_on_commit(subs: list[tuple[int, int, str]]) -> None:
+    """(sub id, slot, priority) entries leave Redis once committed."""
+    grouped = by_topic(subs, lambda r: (reminder_topic_for(r[2]), (member(r[0]), r[1])))
 
     def unindex() -> None:
         for topic, items in grouped.items():

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from reminders.engine import queue
+from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPICS, try_sub_id_of
 from reminders.models import ReminderSubscription, TimeoutJob
 from reminders.selectors import reminder_settings_get
@@ -33,7 +34,7 @@ def queues_prune_orphans(*, due_before: datetime, now: datetime | None = None) -
     """Remove orphaned entries due before ``due_before``; returns how many, per topic."""
     now = now or timezone.now()
     quiet = now - timedelta(seconds=QUIET_S)
-    before_ms = queue.epoch_ms(due_before)
+    before_ms = epoch_ms(due_before)
     removed: dict[str, int] = {}
     slots = reminder_settings_get().slots
     for topic in REMINDER_TOPICS:

@@ -27,7 +27,7 @@ from django.core.exceptions import ValidationError
 from couponcenter.core.errors import QuotaExceeded
 from reminders import attributes
 from reminders.engine import quotas
-from reminders.engine.queue import epoch_ms
+from reminders.engine.clock import epoch_ms
 from reminders.selectors import reminder_settings_get
 from reminders.selectors.quotas import is_near, timeout_pending_count
 

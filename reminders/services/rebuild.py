@@ -1,4 +1,4 @@
-"""Re-index Redis from the database (``rebuild_reminder_queues`` and the worker's reconcile)."""
+"""Rebuild Redis from the database (``rebuild_reminder_queues`` and the worker's reconcile)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from datetime import datetime
 
 from reminders.models import ReminderSubscription, TimeoutJob
 
-from .subscriptions import subscriptions_reindex
-from .timeouts import timeout_jobs_reindex
+from .subscriptions import subscriptions_rebuild
+from .timeouts import timeout_jobs_rebuild
 
 Progress = Callable[[str, int], None]
 
@@ -25,12 +25,12 @@ def queues_pending_counts() -> dict[str, int]:
 def queues_rebuild(
     *, due_before: datetime | None = None, progress: Progress | None = None
 ) -> dict[str, int]:
-    """Idempotently re-index pending jobs and scheduled reminders; returns how many were added."""
+    """Idempotently rebuild pending jobs and scheduled reminders; returns how many were added."""
 
     def step(name: str) -> Callable[[int], None] | None:
         return None if progress is None else (lambda n: progress(name, n))
 
     return {
-        "timeout jobs": timeout_jobs_reindex(due_before=due_before, progress=step("timeout jobs")),
-        "reminders": subscriptions_reindex(due_before=due_before, progress=step("reminders")),
+        "timeout jobs": timeout_jobs_rebuild(due_before=due_before, progress=step("timeout jobs")),
+        "reminders": subscriptions_rebuild(due_before=due_before, progress=step("reminders")),
     }

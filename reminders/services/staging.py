@@ -26,7 +26,7 @@ from django.utils import timezone
 from reminders.models import Notification, ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
-from .indexing import REINDEX_CHUNK, index_on_commit
+from .indexing import BULK_CHUNK, index_on_commit
 
 Status = ReminderSubscription.Status
 REMINDER_KIND = "coupon_reminder"
@@ -43,7 +43,7 @@ def staged_withdraw(
 
     Must run inside the caller's transaction. Returns the ids among ``subscriptions`` that were
     withdrawn: they are ``scheduled`` again, not indexed in Redis (the caller decides what
-    becomes of them). Their merge-mates in the same messages are ``scheduled`` and re-indexed.
+    becomes of them). Their merge-mates in the same messages are ``scheduled`` and indexed again.
     """
     now = now or timezone.now()
     # Lock first, by id, every row a delivery may be staging right now: its committed version
@@ -79,9 +79,9 @@ def staged_withdraw(
         return []
     notifications_delete(notes)
     mates = sorted(freed - wanted)
-    for start in range(0, len(mates), REINDEX_CHUNK):
+    for start in range(0, len(mates), BULK_CHUNK):
         chunk = ReminderSubscription.objects.select_for_update().filter(
-            pk__in=mates[start : start + REINDEX_CHUNK], status=Status.SENT
+            pk__in=mates[start : start + BULK_CHUNK], status=Status.SENT
         )
         back = list(chunk)
         chunk.update(status=Status.SCHEDULED, sent_at=None, updated_at=now)
@@ -89,9 +89,9 @@ def staged_withdraw(
             sub.status = Status.SCHEDULED
         index_on_commit(back)
     withdrawn = sorted(freed & wanted)
-    for start in range(0, len(withdrawn), REINDEX_CHUNK):
+    for start in range(0, len(withdrawn), BULK_CHUNK):
         ReminderSubscription.objects.filter(
-            pk__in=withdrawn[start : start + REINDEX_CHUNK], status=Status.SENT
+            pk__in=withdrawn[start : start + BULK_CHUNK], status=Status.SENT
         ).update(status=Status.SCHEDULED, sent_at=None, updated_at=now)
     return withdrawn
 
@@ -101,10 +101,10 @@ def hidden_reminder_notes(
 ) -> Iterator[tuple[int, int, datetime, set[int]]]:
     """The reminder notifications of ``user_ids`` still hidden (staged), in chunks:
     ``(id, user id, visible_at, subscription ids)``."""
-    for start in range(0, len(user_ids), REINDEX_CHUNK):
+    for start in range(0, len(user_ids), BULK_CHUNK):
         rows = (
             Notification.objects.filter(
-                user_id__in=user_ids[start : start + REINDEX_CHUNK],
+                user_id__in=user_ids[start : start + BULK_CHUNK],
                 kind=REMINDER_KIND,
                 visible_at__gt=now,
             )
@@ -121,5 +121,5 @@ def hidden_reminder_notes(
 
 
 def notifications_delete(ids: list[int]) -> None:
-    for start in range(0, len(ids), REINDEX_CHUNK):
-        Notification.objects.filter(pk__in=ids[start : start + REINDEX_CHUNK]).delete()
+    for start in range(0, len(ids), BULK_CHUNK):
+        Notification.objects.filter(pk__in=ids[start : start + BULK_CHUNK]).delete()

@@ -22,12 +22,13 @@ from couponcenter.core import tracing
 from couponcenter.core.errors import BusinessError
 from couponcenter.models import Coupon
 from reminders.engine import queue
+from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
 from reminders.members import REMINDER_TOPICS, member, reminder_topic_for
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
-from .indexing import REINDEX_CHUNK, by_topic, index_on_commit, unindex_on_commit
+from .indexing import BULK_CHUNK, by_topic, index_on_commit, unindex_on_commit
 from .staging import staged_withdraw
 
 Status = ReminderSubscription.Status
@@ -67,7 +68,7 @@ def subscription_subscribe(
         if not created and sub.status in (Status.SCHEDULED, Status.SENT):
             return sub, False  # pending, or the user was reminded already: a no-op
         if sub.status == Status.FAILED:  # its entry is dead in its old slot (and topic)
-            unindex_on_commit([(sub.pk, sub.user_id, sub.coupon_id, sub.slot, sub.priority)])
+            unindex_on_commit([(sub.pk, sub.slot, sub.priority)])
         if not created:  # unsubscribed, dropped or failed before: schedule afresh
             sub.status, sub.remind_at = Status.SCHEDULED, remind_at_for(coupon)
             sub.slot, sub.drop_reason, sub.sent_at = slot_for(user_id, slots), "", None
@@ -97,7 +98,7 @@ def subscription_unsubscribe(*, user_id: int, coupon_id: int) -> bool:
             return False
         sub.status = Status.CANCELLED
         sub.save(update_fields=["status", "updated_at"])
-        unindex_on_commit([(sub.pk, sub.user_id, sub.coupon_id, sub.slot, sub.priority)])
+        unindex_on_commit([(sub.pk, sub.slot, sub.priority)])
     return True
 
 
@@ -109,10 +110,10 @@ def subscriptions_reschedule_for_coupon(*, coupon: Coupon) -> int:
     scheduled = ReminderSubscription.objects.filter(coupon=coupon, status=Status.SCHEDULED)
     moved = scheduled.update(remind_at=remind_at, updated_at=timezone.now())
     rows = scheduled.values_list("pk", "user_id", "slot", "priority").order_by("pk")
-    due_ms = queue.epoch_ms(remind_at)
+    due_ms = epoch_ms(remind_at)
 
     def reschedule() -> None:
-        for chunk in _chunks(rows.iterator(chunk_size=REINDEX_CHUNK), REINDEX_CHUNK):
+        for chunk in _chunks(rows.iterator(chunk_size=BULK_CHUNK), BULK_CHUNK):
             grouped = by_topic(
                 chunk,
                 lambda r: (reminder_topic_for(r[3]), (member(r[0]), due_ms, r[2])),
@@ -129,7 +130,7 @@ def subscriptions_cancel_for_coupon(*, coupon: Coupon) -> int:
     yet."""
     staged_withdraw(subscriptions=ReminderSubscription.objects.filter(coupon=coupon))
     scheduled = ReminderSubscription.objects.filter(coupon=coupon, status=Status.SCHEDULED)
-    rows = list(scheduled.values_list("pk", "user_id", "coupon_id", "slot", "priority"))
+    rows = list(scheduled.values_list("pk", "slot", "priority"))
     cancelled = scheduled.update(status=Status.CANCELLED, updated_at=timezone.now())
     unindex_on_commit(rows)
     return cancelled
@@ -147,10 +148,10 @@ def subscriptions_drop_for_coupon(*, coupon: Coupon, reason: str) -> int:
     return len(withdrawn)
 
 
-def subscriptions_reindex(
+def subscriptions_rebuild(
     *, due_before: datetime | None = None, progress: Callable[[int], None] | None = None
 ) -> int:
-    """Re-index scheduled reminders (all, or due before ``due_before``); idempotent (NX).
+    """Rebuild scheduled reminders (all, or due before ``due_before``); idempotent (NX).
 
     A reminder in flight in a parcel is left out: NX sees store, prepare and dead, not inside a
     parcel (the engine keeps a parcel's ids as one string), and re-adding one would deliver it a
@@ -164,13 +165,13 @@ def subscriptions_reindex(
         chunk = list(
             scheduled.filter(pk__gt=last_pk)
             .order_by("pk")
-            .values_list("pk", "remind_at", "slot", "priority")[:REINDEX_CHUNK]
+            .values_list("pk", "remind_at", "slot", "priority")[:BULK_CHUNK]
         )
         if not chunk:
             return added
         grouped = by_topic(
             chunk,
-            lambda r: (reminder_topic_for(r[3]), (member(r[0]), queue.epoch_ms(r[1]), r[2])),
+            lambda r: (reminder_topic_for(r[3]), (member(r[0]), epoch_ms(r[1]), r[2])),
         )
         for topic, items in grouped.items():
             slots = {slot for _, _, slot in items}

@@ -1,4 +1,4 @@
-"""Generic timeout jobs (docs/timeouts.md): create, cancel, re-index. Firing them is
+"""Generic timeout jobs (docs/timeouts.md): create, cancel, rebuild. Firing them is
 ``reminders.handlers.timeout_jobs``.
 
 Invariants:
@@ -30,13 +30,14 @@ from couponcenter.core import tracing
 from couponcenter.core.errors import BusinessError, QuotaExceeded
 from reminders import recurrence
 from reminders.engine import queue
+from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
 from reminders.models import TimeoutJob
 from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
 from reminders.services.quotas import quota_attributes_check, quota_creations_take
 from reminders.topic_specs import slot_basis
 
-REINDEX_CHUNK = 5000
+REBUILD_CHUNK = 5000
 logger = logging.getLogger(__name__)
 
 
@@ -120,7 +121,7 @@ def timeout_job_create(
 
     def index() -> None:
         queue.record_layout(topic, spec.slots)
-        queue.schedule(topic, str(job.job_id), queue.epoch_ms(action_time), slot=job.slot)
+        queue.schedule(topic, str(job.job_id), epoch_ms(action_time), slot=job.slot)
 
     transaction.on_commit(index)
     return job
@@ -377,7 +378,7 @@ def _index_on_commit(jobs: list[TimeoutJob], specs: dict) -> None:
     by_topic: dict[str, list[tuple[str, int, int]]] = {}
     for job in jobs:
         by_topic.setdefault(job.topic, []).append(
-            (str(job.job_id), queue.epoch_ms(job.action_time), job.slot)
+            (str(job.job_id), epoch_ms(job.action_time), job.slot)
         )
 
     def index() -> None:
@@ -413,7 +414,7 @@ def timeout_job_reschedule(*, job: TimeoutJob, action_time: datetime) -> Timeout
             raise BusinessError(
                 "not_pending", f"Job {job.pk} is {job.get_status_display().lower()}."
             )
-        due_ms = queue.epoch_ms(action_time)
+        due_ms = epoch_ms(action_time)
         transaction.on_commit(
             lambda: queue.schedule(job.topic, str(job.job_id), due_ms, slot=job.slot)
         )
@@ -482,10 +483,10 @@ HISTORY_APPEND = {
 }
 
 
-def timeout_jobs_reindex(
+def timeout_jobs_rebuild(
     *, due_before: datetime | None = None, progress: Callable[[int], None] | None = None
 ) -> int:
-    """Re-index pending jobs (all, or those due before ``due_before``) into Redis; idempotent.
+    """Rebuild pending jobs (all, or those due before ``due_before``) in Redis; idempotent.
 
     Uses the engine's NX mode: a job already in store, prepare or dead is left alone.
     """
@@ -499,13 +500,13 @@ def timeout_jobs_reindex(
         chunk = list(
             pending.filter(pk__gt=last_pk)
             .order_by("pk")
-            .values_list("pk", "topic", "action_time", "slot")[:REINDEX_CHUNK]
+            .values_list("pk", "topic", "action_time", "slot")[:REBUILD_CHUNK]
         )
         if not chunk:
             return added
         by_topic: dict[str, list[tuple[str, int, int]]] = {}
         for pk, topic, action_time, slot in chunk:
-            by_topic.setdefault(topic, []).append((str(pk), queue.epoch_ms(action_time), slot))
+            by_topic.setdefault(topic, []).append((str(pk), epoch_ms(action_time), slot))
         for topic, items in by_topic.items():
             queue.record_layout_covering(topic, [slot for _, _, slot in items])
             added += queue.schedule_many(topic, items, nx=True)

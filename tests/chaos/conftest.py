@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from reminders.engine.keys import slot_for
 from reminders.models import Notification, ReminderSubscription
-from reminders.services import subscriptions_reindex
+from reminders.services import subscriptions_rebuild
 from tests.chaos.faults import RedisServer, TcpProxy
 from tests.e2e.conftest import (  # noqa: F401  (fixtures shared with the e2e tests)
     backlog,
@@ -113,7 +113,7 @@ def reminders_due_over(*, users: int, start_s: float, spread_s: float, coupons: 
         )
         for i, u in enumerate(user_ids)
     )
-    indexed = subscriptions_reindex()
+    indexed = subscriptions_rebuild()
     assert indexed == users if exact else indexed >= users
     return {s.user_id: s.pk for s in subs}
 

@@ -71,9 +71,9 @@ def _pending() -> int:
 
 
 def _start_sweeper(stack):
-    config = expiry_services.expiry_settings_get(max_age=0)
+    config = expiry_services.expiry_settings_get(max_age_s=0)
     config.batch_size, config.interval = BATCH, timedelta(seconds=1)
-    expiry_services.expiry_settings_save(config=config)
+    expiry_services.expiry_settings_save(instance=config)
     return stack._start("sweeper", [sys.executable, "manage.py", "run_expiry_sweeper"])
 
 

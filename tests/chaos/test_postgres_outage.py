@@ -98,9 +98,9 @@ def test_postgres_down_for_10_s_under_worker_celery_sweeper_and_api(
     reminder_settings.change(
         slots=8, batch_size=50, visibility_timeout_ms=3000, tick_interval_ms=100
     )  # fmt: skip (max_attempts: the default 3)
-    config = expiry_services.expiry_settings_get(max_age=0)
+    config = expiry_services.expiry_settings_get(max_age_s=0)
     config.interval = timedelta(seconds=1)
-    expiry_services.expiry_settings_save(config=config)
+    expiry_services.expiry_settings_save(instance=config)
     _, token = api_user(perms=["couponcenter.act_for_any_user"])
     open_coupon = CouponFactory(name="Open", total_stock=100_000)
 

@@ -34,6 +34,7 @@ from couponcenter import services
 from couponcenter.core.webhooks import OutboundCallFailed, check_target, post_signed
 from couponcenter.models import Coupon
 from reminders.engine import topics as engine_topics
+from reminders.engine.clock import epoch_ms
 from reminders.gateways import WebhookGateway
 from reminders.models import ReminderSettings, TimeoutJob, TimeoutTopic
 from reminders.runtime.worker import build_worker
@@ -93,7 +94,7 @@ def _fire_topic(name: str, url: str, **fields) -> TimeoutJob:
                              action_time=timezone.now() - timedelta(seconds=1))  # fmt: skip
     from reminders.engine import queue
 
-    queue.schedule(name, str(job.pk), queue.epoch_ms(job.action_time), slot=job.slot)
+    queue.schedule(name, str(job.pk), epoch_ms(job.action_time), slot=job.slot)
     worker = build_worker([name])
     try:
         worker.run_until_idle()

@@ -16,7 +16,7 @@ from django.utils import timezone
 from reminders.engine.keys import slot_for
 from reminders.members import member
 from reminders.models import Notification, ReminderSubscription
-from reminders.services import subscription_subscribe, subscriptions_reindex
+from reminders.services import subscription_subscribe, subscriptions_rebuild
 from tests.e2e.conftest import backlog, dead_members, drained, wait_for
 from tests.support.factories import CouponFactory
 
@@ -42,7 +42,7 @@ def _subscribe_bulk(coupon, user_ids: list[int], slots: int) -> None:
         )
         for u in user_ids
     )
-    assert subscriptions_reindex() == len(user_ids)
+    assert subscriptions_rebuild() == len(user_ids)
 
 
 def _webhook_env(stack, hook, alert=None) -> None:

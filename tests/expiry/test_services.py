@@ -244,12 +244,12 @@ def test_next_due_at_is_the_earliest_pending_task():
 
 
 def test_settings_get_creates_one_row_and_sees_changes():
-    config = services.expiry_settings_get(max_age=0)
+    config = services.expiry_settings_get(max_age_s=0)
     assert (config.batch_size, config.interval) == (2000, timedelta(seconds=60))
     assert services.expiry_settings_get().pk == config.pk  # cached
 
     ExpirySettings.objects.filter(pk=config.pk).update(batch_size=7, version=F("version") + 1)
-    assert services.expiry_settings_get(max_age=0).batch_size == 7
+    assert services.expiry_settings_get(max_age_s=0).batch_size == 7
     assert ExpirySettings.objects.count() == 1
 
 

@@ -108,9 +108,9 @@ def test_an_idle_pass_logs_nothing_and_a_busy_one_its_progress(redis_prefix, cap
 def test_each_pass_reads_the_live_settings():
     due_tasks(4)
     sweeper = Sweeper()
-    config = services.expiry_settings_get(max_age=0)
+    config = services.expiry_settings_get(max_age_s=0)
     config.batch_size = 3
-    services.expiry_settings_save(config=config)
+    services.expiry_settings_save(instance=config)
 
     assert sweeper.run_once().totals.batches == 2  # 3 + 1
 
@@ -152,7 +152,7 @@ def test_cleanup_runs_with_the_configured_retention():
 @pytest.mark.django_db
 def test_sleep_is_capped_by_the_interval_and_ends_at_the_next_due_task():
     sweeper = Sweeper()
-    services.expiry_settings_get(max_age=0)  # defaults: 60 s
+    services.expiry_settings_get(max_age_s=0)  # defaults: 60 s
     idle = sweeper.run_once()
     # Each bound is taken from the clock around the call, so a slow machine cannot break them.
     started = time.monotonic()

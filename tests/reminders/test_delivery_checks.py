@@ -12,6 +12,7 @@ from django.utils import timezone
 from couponcenter import services as coupon_services
 from couponcenter.models import Coupon
 from reminders.engine import queue
+from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Parcel
 from reminders.members import REMINDER_TOPIC, legacy_member, member
 from reminders.models import Notification, ReminderSubscription
@@ -27,9 +28,9 @@ Status = ReminderSubscription.Status
 def _claim(slot: int = 0, ahead_ms: int = 60_000) -> Parcel:
     """Claim what is due as the worker does (after moving it into store from later): one
     parcel."""
-    until = queue.epoch_ms() + ahead_ms
+    until = epoch_ms() + ahead_ms
     queue.promote(REMINDER_TOPIC, {slot: queue.HANDED_TOKEN}, until_ms=until)
-    return queue.claim_parcel(REMINDER_TOPIC, slot, now_ms=queue.epoch_ms() + ahead_ms,
+    return queue.claim_parcel(REMINDER_TOPIC, slot, now_ms=epoch_ms() + ahead_ms,
                               limit=100, visibility_ms=60_000,
                               lease_token=queue.HANDED_TOKEN)  # fmt: skip
 
@@ -40,7 +41,7 @@ def _batch(parcel: Parcel) -> dict:
 
 
 def _slot_sizes(slot: int = 0) -> tuple[int, int, int]:
-    (stats,) = queue.stats(REMINDER_TOPIC, [slot], now_ms=queue.epoch_ms())
+    (stats,) = queue.stats(REMINDER_TOPIC, [slot], now_ms=epoch_ms())
     return stats.store, stats.prepare, stats.dead
 
 
@@ -109,7 +110,7 @@ def test_an_entry_that_fires_before_its_row_is_due_is_put_back_not_sent(reminder
     assert sub.status == Status.SCHEDULED
     assert not Notification.objects.filter(user_id=4).exists()
     back = queue.place(REMINDER_TOPIC, 0, member(sub.pk))
-    assert back == queue.Place("scheduled", queue.epoch_ms(sub.remind_at))
+    assert back == queue.Place("scheduled", epoch_ms(sub.remind_at))
     assert _slot_sizes() == (1, 0, 0)
 
 
@@ -135,7 +136,7 @@ def test_a_member_of_an_earlier_release_is_delivered_once(eager_celery, reminder
     sub, _ = subscription_subscribe(user_id=9, coupon=coupon)
     old = legacy_member(sub.pk, 9, coupon.pk)
     queue.cancel(REMINDER_TOPIC, member(sub.pk), slot=0)
-    queue.schedule(REMINDER_TOPIC, old, queue.epoch_ms(sub.remind_at), slot=0)
+    queue.schedule(REMINDER_TOPIC, old, epoch_ms(sub.remind_at), slot=0)
 
     # The worker's first start may index today's member beside it (an upgrade's rebuild does):
     # the row lets only one of them through.
@@ -156,7 +157,7 @@ def test_an_old_entry_left_behind_by_a_moved_coupon_waits_for_the_new_time(
     reminder_settings.change(slots=1, prestage_ms=0)
     coupon = CouponFactory(claim_opens_at=timezone.now() + timedelta(seconds=30))
     sub, _ = subscription_subscribe(user_id=5, coupon=coupon)
-    old_due = queue.epoch_ms(sub.remind_at)
+    old_due = epoch_ms(sub.remind_at)
     old = legacy_member(sub.pk, 5, coupon.pk)
     queue.schedule(REMINDER_TOPIC, old, old_due, slot=0)
     coupon_services.coupon_update(coupon=coupon, claim_opens_at=coupon.claim_opens_at
@@ -170,7 +171,7 @@ def test_an_old_entry_left_behind_by_a_moved_coupon_waits_for_the_new_time(
     assert sub.status == Status.SCHEDULED
     assert queue.place(REMINDER_TOPIC, 0, old) == queue.Place("absent", None)
     today = queue.place(REMINDER_TOPIC, 0, member(sub.pk))
-    assert today == queue.Place("scheduled", queue.epoch_ms(sub.remind_at))
+    assert today == queue.Place("scheduled", epoch_ms(sub.remind_at))
 
 
 def test_an_entry_that_names_no_subscription_fails_alone(reminder_settings):
@@ -179,7 +180,7 @@ def test_an_entry_that_names_no_subscription_fails_alone(reminder_settings):
     reminder_settings.change(slots=1, max_attempts=2)
     coupon = CouponFactory(claim_opens_at=timezone.now() + timedelta(seconds=30))
     sub, _ = subscription_subscribe(user_id=7, coupon=coupon)
-    queue.schedule(REMINDER_TOPIC, "#12", queue.epoch_ms(sub.remind_at), slot=0)
+    queue.schedule(REMINDER_TOPIC, "#12", epoch_ms(sub.remind_at), slot=0)
 
     for attempt in (1, 2):
         parcel = _claim(ahead_ms=3_600_000)

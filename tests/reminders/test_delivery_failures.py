@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from reminders import metrics
 from reminders.engine import queue
+from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
@@ -30,7 +31,7 @@ def gateway_without_target(reminder_settings, settings):
         settings.NOTIFY_WEBHOOK_URL = "https://hooks.example.test/notify"
         settings.NOTIFY_WEBHOOK_SECRET = "delivery-test-secret-of-32-bytes-at-least"
         reminder_settings.change(slots=1, gateway="webhook", backoff_ms=60_000, **extra)
-        assert reminder_settings_get(fresh=True).gateway == "webhook"  # this process runs it
+        assert reminder_settings_get(max_age_s=0).gateway == "webhook"  # this process runs it
         settings.NOTIFY_WEBHOOK_URL = ""  # the environment changed under a running service
 
     return configure
@@ -41,14 +42,14 @@ def _claimed(count: int) -> dict:
     coupon = CouponFactory(claim_opens_at=timezone.now() + timedelta(seconds=30))
     for user_id in range(1, count + 1):
         subscription_subscribe(user_id=user_id, coupon=coupon)
-    parcel = queue.claim_parcel(REMINDER_TOPIC, 0, now_ms=queue.epoch_ms() + 60_000, limit=100,
+    parcel = queue.claim_parcel(REMINDER_TOPIC, 0, now_ms=epoch_ms() + 60_000, limit=100,
                                 visibility_ms=60_000, lease_token=queue.HANDED_TOKEN)  # fmt: skip
     assert parcel.size == count
     return {"topic": REMINDER_TOPIC, "parcels": [[0, parcel.parcel_id, parcel.members]]}
 
 
 def _where() -> tuple[int, int, int]:
-    (stats,) = queue.stats(REMINDER_TOPIC, [0], now_ms=queue.epoch_ms())
+    (stats,) = queue.stats(REMINDER_TOPIC, [0], now_ms=epoch_ms())
     return stats.store, stats.prepare, stats.dead
 
 

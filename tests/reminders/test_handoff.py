@@ -16,6 +16,7 @@ from couponcenter.celery import app as celery_app
 from couponcenter.core.redis import broker_client
 from reminders import metrics
 from reminders.engine import keys, queue, scripts
+from reminders.engine.clock import epoch_ms
 from reminders.engine.connection import client as engine_client
 from reminders.handlers.coupon_reminders import end_round, handle_reminders
 from reminders.members import REMINDER_TOPIC, member
@@ -87,7 +88,7 @@ def _subscribers(count: int, opens_in_s: float = 30):
 
 
 def _in_flight(slots: int = 16) -> tuple[int, int]:
-    stats = queue.stats(REMINDER_TOPIC, range(slots), now_ms=queue.epoch_ms())
+    stats = queue.stats(REMINDER_TOPIC, range(slots), now_ms=epoch_ms())
     return sum(s.store for s in stats), sum(s.prepare for s in stats)
 
 
@@ -147,7 +148,7 @@ def test_a_round_records_its_dispatched_count_once_at_its_end(reminder_settings,
     before = metrics.count(REMINDER_TOPIC, "dispatched", minutes=2)
     token = scripts.lease_acquire(engine_client(), keys.slot_keys(REMINDER_TOPIC, 0),
                                   holder="test", ttl_ms=60_000)  # fmt: skip
-    parcel = queue.claim_parcel(REMINDER_TOPIC, 0, now_ms=queue.epoch_ms() + 60_000, limit=10,
+    parcel = queue.claim_parcel(REMINDER_TOPIC, 0, now_ms=epoch_ms() + 60_000, limit=10,
                                 visibility_ms=30_000, lease_token=token)  # fmt: skip
     scripts.lease_release(engine_client(), keys.slot_keys(REMINDER_TOPIC, 0).lease, token=token)
     assert parcel.size == 10
@@ -180,7 +181,7 @@ def test_a_refused_publish_puts_the_round_back_with_backoff(
     assert report.claimed == 12
     assert _in_flight() == (12, 0)  # back in store, not stuck in prepare
     assert "handing 12 reminders" in caplog.text
-    stats = queue.stats(REMINDER_TOPIC, range(16), now_ms=queue.epoch_ms())
+    stats = queue.stats(REMINDER_TOPIC, range(16), now_ms=epoch_ms())
     assert sum(s.due for s in stats) == 0  # waiting out the backoff
     assert not Notification.objects.exists()
     assert set(ReminderSubscription.objects.values_list("status", flat=True)) == {"scheduled"}
@@ -192,7 +193,7 @@ def test_a_one_slot_batch_of_the_previous_format_is_still_delivered(reminder_set
     # Claimed and handed on as a worker of the previous release did, one slot per task.
     token = queue.HANDED_TOKEN
     claimed = queue.claim(
-        REMINDER_TOPIC, 0, now_ms=queue.epoch_ms(), limit=100, visibility_ms=60_000,
+        REMINDER_TOPIC, 0, now_ms=epoch_ms(), limit=100, visibility_ms=60_000,
         lease_token=token,
     )  # fmt: skip
     members = [e.job_id for e in claimed]
@@ -200,4 +201,4 @@ def test_a_one_slot_batch_of_the_previous_format_is_still_delivered(reminder_set
     result = reminders_deliver({"topic": REMINDER_TOPIC, "slot": 0, "members": members})
     assert result["delivered"] == 3
     assert Notification.objects.count() == 3
-    assert queue.stats(REMINDER_TOPIC, [0], now_ms=queue.epoch_ms())[0].prepare == 0
+    assert queue.stats(REMINDER_TOPIC, [0], now_ms=epoch_ms())[0].prepare == 0

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from reminders import metrics
 from reminders.engine import queue
+from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC, member
 from reminders.models import ReminderSubscription, TimeoutJob
 from reminders.runtime.worker import Reconciler
@@ -35,7 +36,7 @@ def _orphaned_subscription(user_id: int, coupon) -> tuple[ReminderSubscription, 
     sub, _ = subscription_subscribe(user_id=user_id, coupon=coupon)
     assert subscription_unsubscribe(user_id=user_id, coupon_id=coupon.pk)
     entry = member(sub.pk)
-    queue.schedule(REMINDER_TOPIC, entry, queue.epoch_ms(sub.remind_at), slot=sub.slot)
+    queue.schedule(REMINDER_TOPIC, entry, epoch_ms(sub.remind_at), slot=sub.slot)
     return sub, entry
 
 
@@ -75,7 +76,7 @@ def test_a_cancelled_timeout_job_entry_is_removed_and_counted(reminder_settings)
     job = timeout_job_create(topic=TOPIC, biz_type="order", biz_id="O-1",
                              action_time=timezone.now() + timedelta(minutes=5))  # fmt: skip
     timeout_job_cancel(job=job)
-    queue.schedule(TOPIC, str(job.pk), queue.epoch_ms(job.action_time), slot=job.slot)
+    queue.schedule(TOPIC, str(job.pk), epoch_ms(job.action_time), slot=job.slot)
     _age(TimeoutJob, job.pk, "gmt_modified")
     reconcile = Reconciler(every_s=0, window_s=3600)
     reconcile()  # the first pass is the full rebuild (no epoch marker yet)

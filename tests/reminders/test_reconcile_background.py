@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from reminders import services
 from reminders.engine import keys, queue, scripts
+from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC, member
 from reminders.runtime import worker as worker_module
 from reminders.runtime.worker import Reconciler, build_worker
@@ -123,7 +124,7 @@ def test_the_reconcile_does_not_index_again_what_is_in_a_parcel(redis_client, re
     gone, _ = subscription_subscribe(user_id=2, coupon=lost)
     redis_client.set(keys.epoch(), "set by a running worker")
     queue.cancel(REMINDER_TOPIC, member(gone.pk), slot=0)  # Redis lost this one
-    parcel = queue.claim_parcel(REMINDER_TOPIC, 0, now_ms=queue.epoch_ms(), limit=10,
+    parcel = queue.claim_parcel(REMINDER_TOPIC, 0, now_ms=epoch_ms(), limit=10,
                                 visibility_ms=30_000, lease_token=queue.HANDED_TOKEN)  # fmt: skip
     assert parcel.job_ids() == [member(flying.pk)]  # in flight, in a parcel
 

@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 
 from reminders.engine import queue
 from reminders.engine import topics as engine_topics
+from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
 from reminders.handlers import timeout_jobs
 from reminders.handlers.executors import Fired
@@ -76,7 +77,7 @@ def test_each_firing_creates_the_next_occurrence_until_the_rule_ends(
 def test_the_worker_fires_an_occurrence_and_indexes_the_next(django_capture_on_commit_callbacks):
     start = timezone.now() + timedelta(seconds=1)
     _series(django_capture_on_commit_callbacks, "0 * * * *", start=start)  # hourly, cron
-    clock = lambda: queue.epoch_ms(start) + 10  # noqa: E731 - the worker's clock, past its due
+    clock = lambda: epoch_ms(start) + 10  # noqa: E731 - the worker's clock, past its due
     worker = build_worker([TOPIC], clock=clock)
     try:
         with django_capture_on_commit_callbacks(execute=True):

@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 
 from reminders.engine import keys, queue, scripts
 from reminders.engine import topics as engine_topics
+from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
 from reminders.handlers import timeout_jobs
 from reminders.handlers.executors import Fired
@@ -180,7 +181,7 @@ def test_a_topic_made_again_under_a_deleted_ones_name_starts_empty(
         assert second_client.get(f"{JOBS}{job_id}/").status_code == 404
     assert second_client.get(_key("pay.close", "2")).status_code == 404
     slots = range(TimeoutTopic.objects.get(name="pay.close").slots)
-    left = queue.stats("pay.close", slots, now_ms=queue.epoch_ms())
+    left = queue.stats("pay.close", slots, now_ms=epoch_ms())
     assert sum(s.store + s.prepare + s.dead for s in left) == 0
 
 

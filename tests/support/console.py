@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from reminders.engine import keys, queue, scripts
+from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC
 from reminders.members import member as reminder_member
 from reminders.models import ReminderSubscription
@@ -51,7 +52,7 @@ def kill_reminders(subs, *, error: str = "gateway said 503") -> None:
         )
         queue.claim(REMINDER_TOPIC, slot, now_ms=10**13, limit=10_000, visibility_ms=60_000,
                     lease_token=token)  # fmt: skip
-        queue.bury(REMINDER_TOPIC, slot, [(m, error) for m in members], now_ms=queue_now(),
+        queue.bury(REMINDER_TOPIC, slot, [(m, error) for m in members], now_ms=epoch_ms(),
                    lease_token=token)  # fmt: skip
         scripts.lease_release(client, keys.slot_keys(REMINDER_TOPIC, slot).lease, token=token)
     ReminderSubscription.objects.filter(pk__in=[s.pk for s in subs]).update(
@@ -71,9 +72,3 @@ def scripts_client():
     from couponcenter.core.redis import get_redis
 
     return get_redis()
-
-
-def queue_now() -> int:
-    import time
-
-    return int(time.time() * 1000)

@@ -3,7 +3,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from couponcenter.bench.progress import progress_bars
-from reminders.bench import end_to_end as bench
+from reminders.bench import end_to_end
 from reminders.models import MAX_PRESTAGE_MS
 
 
@@ -22,7 +22,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--prestage-ms",
             type=int,
-            default=bench.DEFAULT_PRESTAGE_MS,
+            default=end_to_end.DEFAULT_PRESTAGE_MS,
             help="the pre-staged burst's window (0 skips that phase)",
         )
         parser.add_argument(
@@ -47,7 +47,7 @@ class Command(BaseCommand):
         if not 0 <= backlog <= 50_000_000:
             raise CommandError("--backlog must be between 0 and 50,000,000")
         with progress_bars(self.stderr._out) as progress:
-            result = bench.run(count=count, steady_rate=steady_rate,
+            result = end_to_end.run(count=count, steady_rate=steady_rate,
                                steady_seconds=steady_seconds, prestage_ms=prestage_ms,
                                backlog=backlog, progress=progress)  # fmt: skip
         if options["json"]:

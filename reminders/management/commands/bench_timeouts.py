@@ -4,7 +4,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from couponcenter.bench.progress import progress_bars
-from reminders.bench import timeouts as bench
+from reminders.bench import timeouts
 
 
 class Command(BaseCommand):
@@ -43,7 +43,7 @@ class Command(BaseCommand):
         if not settings.DEBUG:
             raise CommandError("bench_timeouts loads and deletes data: run it with DEBUG=1")
         with progress_bars(self.stderr._out) as progress:
-            result = bench.run(
+            result = timeouts.run(
                 count=options["count"], raw_count=options["raw_count"],
                 concurrency=options["concurrency"], steady_rate=options["steady_rate"],
                 steady_seconds=options["steady_seconds"], bulk_jobs=options["bulk_jobs"],

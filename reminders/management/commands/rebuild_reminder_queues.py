@@ -6,7 +6,7 @@ from reminders import services
 
 class Command(BaseCommand):
     help = (
-        "Re-index every pending timeout job and reminder from the database into Redis. "
+        "Rebuild the Redis queues from the database: every pending timeout job and reminder. "
         "Idempotent: entries already in Redis (scheduled, in flight or dead) are left alone."
     )
 

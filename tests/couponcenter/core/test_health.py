@@ -12,7 +12,8 @@ import pytest
 
 from couponcenter.bench.http import free_port
 from reminders.engine import leases, queue
-from reminders.engine.dispatcher import Dispatcher, wall_ms
+from reminders.engine.clock import epoch_ms
+from reminders.engine.dispatcher import Dispatcher
 from reminders.engine.topics import OK, EngineSettings, Topic
 
 pytestmark = pytest.mark.django_db
@@ -118,7 +119,7 @@ def test_a_worker_whose_dispatch_loop_stalls_turns_health_red(anon, settings, re
         return [OK for _ in entries]
 
     topic = Topic("t.stall", stuck, slots=1)
-    queue.schedule("t.stall", "j1", wall_ms() - 10, slot=0, client=redis_client)
+    queue.schedule("t.stall", "j1", epoch_ms() - 10, slot=0, client=redis_client)
     worker = Dispatcher([topic], client=redis_client, stall_ms=settings.WORKER_STALL_MS,
                         config=lambda: EngineSettings(lease_ms=900))  # fmt: skip
     loop = threading.Thread(target=worker.run_forever)

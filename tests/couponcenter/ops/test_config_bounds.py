@@ -33,8 +33,8 @@ def staff() -> APIClient:
 
 
 def _versions() -> tuple[int, int]:
-    expiry = expiry_services.expiry_settings_get(max_age=0)
-    return reminder_settings_get(fresh=True).version, expiry.version
+    expiry = expiry_services.expiry_settings_get(max_age_s=0)
+    return reminder_settings_get(max_age_s=0).version, expiry.version
 
 
 @pytest.mark.parametrize(
@@ -73,18 +73,18 @@ def test_the_webhook_gateway_is_accepted_once_it_has_a_target(staff, settings):
     settings.NOTIFY_WEBHOOK_SECRET = "config-test-secret-of-32-bytes-at-least"
     response = staff.patch("/api/ops/config/", {"reminder": {"gateway": "webhook"}}, format="json")
     assert response.status_code == 200, response.content
-    assert reminder_settings_get(fresh=True).gateway == "webhook"
+    assert reminder_settings_get(max_age_s=0).gateway == "webhook"
 
 
 def test_a_bad_stored_value_is_reported_and_the_last_good_settings_kept(caplog):
-    good = reminder_settings_get(fresh=True)
-    expiry_good = expiry_services.expiry_settings_get(max_age=0)
+    good = reminder_settings_get(max_age_s=0)
+    expiry_good = expiry_services.expiry_settings_get(max_age_s=0)
     # Written behind the services' back (an old release, a hand-edited row).
     ReminderSettings.objects.update(late_limit=timedelta(days=10**6), version=F("version") + 1)
     ExpirySettings.objects.update(retention=timedelta(days=10**6), version=F("version") + 1)
     with caplog.at_level(logging.ERROR):
-        live = reminder_settings_get(fresh=True)
-        expiry = expiry_services.expiry_settings_get(max_age=0)
+        live = reminder_settings_get(max_age_s=0)
+        expiry = expiry_services.expiry_settings_get(max_age_s=0)
     assert live.late_limit == good.late_limit and live.version == good.version
     assert expiry.retention == expiry_good.retention
     assert "ReminderSettings" in caplog.text and "ExpirySettings" in caplog.text

@@ -15,6 +15,7 @@ from couponcenter.ops import overview
 from expiry.models import ExpirySettings
 from reminders import metrics
 from reminders.engine import keys, leases, queue, scripts
+from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC
 from reminders.models import ReminderSettings, ReminderSubscription, TimeoutJob
 from reminders.selectors import dead_letters, queues
@@ -25,7 +26,6 @@ from tests.support.console import (
     kill_reminders,
     member,
     overdue_reminders,
-    queue_now,
     scripts_client,
 )
 from tests.support.factories import UserFactory
@@ -133,7 +133,7 @@ def test_warnings_follow_the_thresholds(overdue, reminder_settings):
 
 
 def test_workers_report_config_version_seen(reminder_settings):
-    now = queues.now_ms()
+    now = epoch_ms()
     leases.heartbeat(leases.WorkerInfo(worker_id="h:1:a", heartbeat_ms=now, host="h", pid=1,
                                        config_version=reminder_settings.version,
                                        owned={REMINDER_TOPIC: [0, 1, 2, 5]}))  # fmt: skip
@@ -170,11 +170,11 @@ def test_a_dead_member_made_of_digits_is_found_as_listed(reminder_settings):
     """Base 36 members can be all digits ("123" is subscription 1371): pasted from the list into
     the search box, it must find its entry, not only subscriptions and users numbered 123."""
     client, k = scripts_client(), keys.slot_keys(REMINDER_TOPIC, 0)
-    queue.schedule(REMINDER_TOPIC, "123", queue.epoch_ms() - 1000, slot=0)
+    queue.schedule(REMINDER_TOPIC, "123", epoch_ms() - 1000, slot=0)
     token = scripts.lease_acquire(client, k, holder="console-test", ttl_ms=60_000)
-    queue.claim(REMINDER_TOPIC, 0, now_ms=queue.epoch_ms(), limit=10, visibility_ms=60_000,
+    queue.claim(REMINDER_TOPIC, 0, now_ms=epoch_ms(), limit=10, visibility_ms=60_000,
                 lease_token=token)  # fmt: skip
-    queue.bury(REMINDER_TOPIC, 0, [("123", "gateway said 503")], now_ms=queue.epoch_ms(),
+    queue.bury(REMINDER_TOPIC, 0, [("123", "gateway said 503")], now_ms=epoch_ms(),
                lease_token=token)  # fmt: skip
     scripts.lease_release(client, k.lease, token=token)
 
@@ -203,7 +203,7 @@ def test_dead_timeout_jobs_are_found_by_business_key(
     token = scripts.lease_acquire(client, lease, holder="t", ttl_ms=60_000)
     queue.claim("timeout.default", job.slot, now_ms=10**13, limit=10, visibility_ms=60_000,
                 lease_token=token)  # fmt: skip
-    queue.bury("timeout.default", job.slot, [(str(job.pk), "HTTP 410")], now_ms=queue_now(),
+    queue.bury("timeout.default", job.slot, [(str(job.pk), "HTTP 410")], now_ms=epoch_ms(),
                lease_token=token)  # fmt: skip
     found = dead_letters.dead_letter_list(search="order:K-9").letters
     assert [(d.job_id, d.last_error) for d in found] == [(str(job.pk), "HTTP 410")]
@@ -365,7 +365,7 @@ def test_reminder_settings_change_bumps_version_logs_and_lists_workers(staff, re
     assert (after.batch_size, after.version) == (777, row.version + 1)
     entry = LogEntry.objects.get(content_type__model="remindersettings")
     assert "Batch size" in entry.get_change_message()
-    leases.heartbeat(leases.WorkerInfo(worker_id="w:9:x", heartbeat_ms=queues.now_ms(),
+    leases.heartbeat(leases.WorkerInfo(worker_id="w:9:x", heartbeat_ms=epoch_ms(),
                                        host="w", pid=9, config_version=row.version))  # fmt: skip
     html = staff.get(url).content.decode()
     assert 'data-pid="9"' in html and "not yet" in html

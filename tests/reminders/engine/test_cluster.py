@@ -5,7 +5,8 @@ every core case on the cluster through the parametrized ``client`` fixture.)"""
 import pytest
 
 from reminders.engine import queue, scripts
-from reminders.engine.dispatcher import Dispatcher, wall_ms
+from reminders.engine.clock import epoch_ms
+from reminders.engine.dispatcher import Dispatcher
 from reminders.engine.keys import slot_for, slot_keys
 from reminders.engine.topics import OK, Topic
 
@@ -49,7 +50,7 @@ def test_scripts_come_back_after_a_script_flush(cluster_client, now):
 
 
 def test_a_dispatcher_drains_every_node(cluster_client):
-    items = [(f"j{i}", wall_ms() - 5, slot_for(i, 16)) for i in range(2000)]
+    items = [(f"j{i}", epoch_ms() - 5, slot_for(i, 16)) for i in range(2000)]
     queue.schedule_many(T, items, client=cluster_client)
     seen = []
 
@@ -61,5 +62,5 @@ def test_a_dispatcher_drains_every_node(cluster_client):
     report = dispatcher.run_until_idle()
     dispatcher.shutdown()
     assert report.acked == 2000 and sorted(seen) == sorted(job for job, _, _ in items)
-    stats = queue.stats(T, range(16), now_ms=wall_ms(), client=cluster_client)
+    stats = queue.stats(T, range(16), now_ms=epoch_ms(), client=cluster_client)
     assert sum(s.store + s.prepare + s.dead for s in stats) == 0

@@ -10,7 +10,7 @@ import pytest
 
 from couponcenter.core.redis import get_redis
 from reminders.engine import queue, scripts
-from reminders.engine.dispatcher import wall_ms
+from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_keys
 from reminders.engine.leases import SlotLeases
 from reminders.engine.scripts import LeaseLost
@@ -65,7 +65,7 @@ def _claim_then_hang(token: str, ready, claim_at: int) -> None:
 def test_entries_of_a_killed_worker_come_back_after_the_visibility_deadline(redis_client):
     # The scripts take "now" as an argument: the claim and the reaps run on one explicit clock,
     # so how long the machine takes between them does not matter.
-    claim_at = wall_ms()
+    claim_at = epoch_ms()
     queue.schedule_many(T, [(f"j{i}", claim_at - 1, 0) for i in range(100)], client=redis_client)
     token = scripts.lease_acquire(redis_client, slot_keys(T, 0), holder="victim", ttl_ms=60_000)
     ready = ctx.Event()
@@ -88,7 +88,7 @@ def _claim_then_ack_when_told(ready, go, result) -> None:
     leases = SlotLeases("sleeper", ttl_ms=300, client=client)
     leases.sync({T: [0]})
     token = leases.token(T, 0)
-    got = queue.claim(T, 0, now_ms=wall_ms(), limit=100, visibility_ms=60_000, lease_token=token,
+    got = queue.claim(T, 0, now_ms=epoch_ms(), limit=100, visibility_ms=60_000, lease_token=token,
                       client=client)  # fmt: skip
     ready.set()
     go.wait(30)
@@ -100,7 +100,7 @@ def _claim_then_ack_when_told(ready, go, result) -> None:
 
 
 def test_a_worker_paused_past_its_lease_cannot_ack_after_takeover(redis_client):
-    queue.schedule_many(T, [(f"j{i}", wall_ms() - 1, 0) for i in range(10)], client=redis_client)
+    queue.schedule_many(T, [(f"j{i}", epoch_ms() - 1, 0) for i in range(10)], client=redis_client)
     ready, go, result = ctx.Event(), ctx.Event(), ctx.Queue()
     proc = ctx.Process(target=_claim_then_ack_when_told, args=(ready, go, result))
     proc.start()
@@ -117,5 +117,5 @@ def test_a_worker_paused_past_its_lease_cannot_ack_after_takeover(redis_client):
     go.set()
     assert result.get(timeout=30) == "lease lost"
     proc.join(timeout=10)
-    stats = queue.stats(T, [0], now_ms=wall_ms(), client=redis_client)[0]
+    stats = queue.stats(T, [0], now_ms=epoch_ms(), client=redis_client)[0]
     assert stats.prepare == 10  # untouched by the stale worker; the reaper will bring them back

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from reminders.engine import leases, queue
-from reminders.engine.dispatcher import Dispatcher, Hooks, wall_ms
+from reminders.engine.clock import epoch_ms
+from reminders.engine.dispatcher import Dispatcher, Hooks
 from reminders.engine.keys import slot_for
 from reminders.engine.topics import (
     DROP,
@@ -35,14 +36,14 @@ class Recorder:
 
 
 def load(client, n: int, slots: int = 4, due_ms: int | None = None) -> list[str]:
-    due_ms = wall_ms() - 10 if due_ms is None else due_ms
+    due_ms = epoch_ms() - 10 if due_ms is None else due_ms
     items = [(f"j{i}", due_ms, slot_for(i, slots)) for i in range(n)]
     queue.schedule_many(T, items, client=client)
     return [job for job, _, _ in items]
 
 
 def totals(client, slots: int = 4) -> dict[str, int]:
-    stats = queue.stats(T, range(slots), now_ms=wall_ms(), client=client)
+    stats = queue.stats(T, range(slots), now_ms=epoch_ms(), client=client)
     return {name: sum(getattr(s, name) for s in stats) for name in ("store", "prepare", "dead")}
 
 
@@ -80,7 +81,7 @@ def test_a_mapping_result_and_a_raising_handler(redis_client):
     def boom(entries):
         raise RuntimeError("handler bug")
 
-    queue.schedule(T, "j9", wall_ms() - 1, slot=0, client=redis_client)
+    queue.schedule(T, "j9", epoch_ms() - 1, slot=0, client=redis_client)
     report = Dispatcher([Topic(T, boom, slots=1)], client=redis_client).run_once()
     assert report.retried == 1
     (entry,) = [e for e in queue.list_dead(T, 0, client=redis_client)] or [None]
@@ -172,7 +173,7 @@ def test_the_reaper_runs_under_a_singleton_lease(redis_client):
     load(redis_client, 3, slots=1)
     token = leases.SlotLeases("gone", client=redis_client)
     token.sync({T: [0]})
-    queue.claim(T, 0, now_ms=wall_ms(), limit=3, visibility_ms=1, lease_token=token.token(T, 0),
+    queue.claim(T, 0, now_ms=epoch_ms(), limit=3, visibility_ms=1, lease_token=token.token(T, 0),
                 client=redis_client)  # fmt: skip
     token.release_all()
     time.sleep(0.01)
@@ -232,7 +233,7 @@ def test_jobs_reaped_into_dead_are_reported_to_the_owner(redis_client):
     load(redis_client, 3, slots=1)
     holder = leases.SlotLeases("gone", client=redis_client)
     holder.sync({T: [0]})
-    queue.claim(T, 0, now_ms=wall_ms(), limit=2, visibility_ms=1, lease_token=holder.token(T, 0),
+    queue.claim(T, 0, now_ms=epoch_ms(), limit=2, visibility_ms=1, lease_token=holder.token(T, 0),
                 client=redis_client)  # fmt: skip
     holder.release_all()
     time.sleep(0.01)
@@ -252,7 +253,7 @@ def test_handed_on_entries_stay_in_prepare_until_settled(redis_client):
     assert totals(redis_client, 1) == {"store": 0, "prepare": 3, "dead": 0}
     assert queue.ack_handed(T, 0, ["j0"], client=redis_client) == 1
     result = queue.nack_handed(
-        T, 0, [("j1", "boom")], now_ms=wall_ms(), max_attempts=1, backoff_base_ms=0,
+        T, 0, [("j1", "boom")], now_ms=epoch_ms(), max_attempts=1, backoff_base_ms=0,
         backoff_cap_ms=0, client=redis_client,
     )  # fmt: skip
     assert (result.retried, result.dead) == (0, 1)
@@ -318,7 +319,7 @@ def test_a_poison_pill_dies_alone_and_its_batch_mates_are_delivered(redis_client
         delivered.extend(e.job_id for e in entries)
         return [OK] * len(entries)
 
-    clock = [wall_ms()]
+    clock = [epoch_ms()]
     topic = Topic(T, handler, slots=1, max_attempts=3, visibility_ms=1000)
     for _ in range(12):
         worker = Dispatcher([topic], client=redis_client, clock=lambda: clock[0])

@@ -4,6 +4,7 @@ into ``store`` (where claims look) by the slot's owner ahead of time (standalone
 import pytest
 
 from reminders.engine import queue, scripts
+from reminders.engine.clock import epoch_ms
 from reminders.engine.dispatcher import Dispatcher
 from reminders.engine.keys import slot_keys
 from reminders.engine.scripts import LeaseLost
@@ -80,7 +81,7 @@ def test_promotion_moves_what_falls_due_keeping_due_times_bounded_and_fenced(cli
 
 
 def test_a_worker_promotes_and_claims_a_job_scheduled_long_before(redis_client):
-    start = queue.epoch_ms()
+    start = epoch_ms()
     queue.schedule_many(T, [("j", start + FAR, 0)], client=redis_client, now_ms=start)
     assert queue.stats(T, [0], now_ms=start, client=redis_client)[0].store == 1
     clock = [start]
@@ -102,7 +103,7 @@ def test_a_backlog_that_fell_due_in_later_is_promoted_tick_by_tick_until_claimed
     """What fell due in later while no worker ran (more than one promotion moves) is caught up
     at once: ``--once`` does not stop with due work left in later, and no tick waits for the
     next maintenance interval to move more."""
-    start = queue.epoch_ms()
+    start = epoch_ms()
     jobs = [(f"j{i}", start - 1000 + i, 0) for i in range(25)]
     queue.schedule_many(T, jobs, client=redis_client, now_ms=start - FAR)  # all into later
     assert redis_client.zcard(slot_keys(T, 0).later) == 25

@@ -4,7 +4,8 @@ the typed wrappers, asserting on the keyspace (standalone and cluster)."""
 import pytest
 
 from reminders.engine import queue, scripts
-from reminders.engine.dispatcher import Dispatcher, wall_ms
+from reminders.engine.clock import epoch_ms
+from reminders.engine.dispatcher import Dispatcher
 from reminders.engine.keys import slot_keys
 from reminders.engine.scripts import LeaseLost, Parcel
 from reminders.engine.topics import HANDED_ON, EngineSettings, Topic, TopicSettings
@@ -145,7 +146,7 @@ def test_a_reap_is_bounded_by_jobs_and_takes_a_parcel_whole(client, k, space, le
 
 
 def test_a_parcel_handler_that_fails_retries_the_whole_parcel(redis_client):
-    queue.schedule_many(T, [(f"j{i}", wall_ms() - 10, 0) for i in range(5)], client=redis_client)
+    queue.schedule_many(T, [(f"j{i}", epoch_ms() - 10, 0) for i in range(5)], client=redis_client)
     answers = iter([RuntimeError("handler bug"), HANDED_ON])
     seen = []
 
@@ -165,11 +166,11 @@ def test_a_parcel_handler_that_fails_retries_the_whole_parcel(redis_client):
     try:
         first = dispatcher.run_once()
         assert (first.claimed, first.retried) == (5, 5)
-        stats = queue.stats(T, [0], now_ms=wall_ms(), client=redis_client)[0]
+        stats = queue.stats(T, [0], now_ms=epoch_ms(), client=redis_client)[0]
         assert (stats.store, stats.prepare) == (5, 0)  # back in store, none left for the reaper
         second = dispatcher.run_once()
         assert second.claimed == 5 and seen[1].attempts == {f"j{i}": 2 for i in range(5)}
-        stats = queue.stats(T, [0], now_ms=wall_ms(), client=redis_client)[0]
+        stats = queue.stats(T, [0], now_ms=epoch_ms(), client=redis_client)[0]
         assert (stats.store, stats.prepare) == (0, 5)  # handed on: in flight until settled
     finally:
         dispatcher.shutdown()

@@ -260,13 +260,9 @@ class Dispatcher:
             entries = queue.claim(
                 topic.name,
                 slot,
-                now_ms=self.clock() + ts.lookahead_ms,
-                limit=limit,
-                visibility_ms=ts.visibility_ms,
-                lease_token=token,
+                **self._claim_window(ts, token, limit),
                 with_due=topic.needs_due,
                 isolate_suspects=topic.isolate_suspects,
-                client=self.client,
             )
             if entries:
                 report.claimed += len(entries)
@@ -282,21 +278,24 @@ class Dispatcher:
         # A suspect comes alone (see Topic.isolate_suspects); more may be due behind it.
         return len(entries) >= limit or (len(entries) == 1 and entries[0].suspect)
 
+    def _claim_window(self, ts: TopicSettings, token: str, limit: int) -> dict:
+        """What a claim of either kind is given: up to when, how many, for how long, under which
+        lease."""
+        return {
+            "now_ms": self.clock() + ts.lookahead_ms,
+            "limit": limit,
+            "visibility_ms": ts.visibility_ms,
+            "lease_token": token,
+            "client": self.client,
+        }
+
     def _one_parcel(
         self, topic: Topic, ts: TopicSettings, slot: int, token: str, limit: int, report: TickReport
     ) -> bool:
         """Claim one batch as a parcel and hand it on; True when it was full."""
         count = 0
         try:
-            parcel = queue.claim_parcel(
-                topic.name,
-                slot,
-                now_ms=self.clock() + ts.lookahead_ms,
-                limit=limit,
-                visibility_ms=ts.visibility_ms,
-                lease_token=token,
-                client=self.client,
-            )
+            parcel = queue.claim_parcel(topic.name, slot, **self._claim_window(ts, token, limit))
             if parcel is not None:
                 count = parcel.size
                 report.claimed += count

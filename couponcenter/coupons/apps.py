@@ -7,7 +7,8 @@ from couponcenter.core.security import log_lockout
 
 
 class CouponCenterConfig(AppConfig):
-    name = "couponcenter"
+    name = "couponcenter.coupons"
+    label = "couponcenter"  # the label keys the tables, migrations and permissions: it stays
     verbose_name = "Coupons"
 
     def ready(self) -> None:

@@ -72,7 +72,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "axes",
-    "couponcenter.coupons",  # the coupon domain; its app label stays "couponcenter"
+    "couponcenter.coupons",  # the coupon domain, app label "couponcenter"
     "reminders",
     "expiry",
     "couponcenter.ops",  # the operations console: reads every app, so it comes last

@@ -8,7 +8,7 @@ from couponcenter.core.security import log_lockout
 
 class CouponCenterConfig(AppConfig):
     name = "couponcenter.coupons"
-    label = "couponcenter"  # the label keys the tables, migrations and permissions: it stays
+    label = "couponcenter"  # keys its tables, migration history and permissions
     verbose_name = "Coupons"
 
     def ready(self) -> None:

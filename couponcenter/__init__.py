@@ -1,6 +1,7 @@
-"""Coupon Center: the Django project (settings, URLs, Celery: wiring only) and the coupon domain.
+"""Coupon Center: the Django project's wiring (settings, URLs, Celery, WSGI and ASGI).
 
-The kernel is ``couponcenter.core``, the operations console ``couponcenter.ops``.
+The kernel is ``couponcenter.core``, the coupon domain ``couponcenter.coupons``, the operations
+console ``couponcenter.ops``.
 """
 
 from .celery import app as celery_app

@@ -72,7 +72,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "axes",
-    "couponcenter",
+    "couponcenter.coupons",  # the coupon domain, app label "couponcenter"
     "reminders",
     "expiry",
     "couponcenter.ops",  # the operations console: reads every app, so it comes last
@@ -98,8 +98,12 @@ TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
         # The console's templates first: its admin/base_site.html brands the whole admin (the
-        # admin app, listed first, would otherwise win).
-        "DIRS": [BASE_DIR / "couponcenter" / "ops" / "templates"],
+        # admin app, listed first, would otherwise win). Then the site's own pages (the landing
+        # page, the sign-in lockout page), which belong to no app.
+        "DIRS": [
+            BASE_DIR / "couponcenter" / "ops" / "templates",
+            BASE_DIR / "couponcenter" / "templates",
+        ],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -277,12 +281,12 @@ AUTH_TOKEN_CACHE_SECONDS = float(os.environ.get("AUTH_TOKEN_CACHE_SECONDS", "5")
 _TOKEN_LIFETIME_HOURS = _env_int("API_TOKEN_LIFETIME_HOURS", 0, 0, 87_600)
 API_TOKEN_LIFETIME = timedelta(hours=_TOKEN_LIFETIME_HOURS) if _TOKEN_LIFETIME_HOURS else None
 
-# --- Claims (couponcenter.stock)
+# --- Claims (couponcenter.coupons.stock)
 # Each coupon's stock is split over this many rows, so concurrent claims of one coupon do not all
 # queue on one row lock held through each commit. Applies to coupons created or restocked later.
 COUPON_STOCK_SHARDS = int(os.environ.get("COUPON_STOCK_SHARDS", "16"))
 # Coupon.claimed_count is folded from the shards by the last claim of a coupon running in a
-# process, and at least this often while claims keep running (couponcenter.stock).
+# process, and at least this often while claims keep running (couponcenter.coupons.stock).
 COUPON_FOLD_INTERVAL_MS = float(os.environ.get("COUPON_FOLD_INTERVAL_MS", "100"))
 
 SPECTACULAR_SETTINGS = {
@@ -306,8 +310,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    # The "id" path converter matches 1 to 18 digits (couponcenter/api/urls.py): say so, so that
-    # clients (and the fuzzer) know a longer id is not a request this API answers.
+    # The "id" path converter matches 1 to 18 digits (couponcenter/coupons/api/urls.py): say so,
+    # so that clients (and the fuzzer) know a longer id is not a request this API answers.
     "PATH_CONVERTER_OVERRIDES": {
         "id": {"type": "integer", "format": "int64", "minimum": 0, "maximum": 10**18 - 1}
     },

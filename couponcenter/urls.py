@@ -14,7 +14,7 @@ urlpatterns = [
     path("favicon.ico", site.favicon, name="favicon"),
     path("admin/console/", include(console_urls())),  # the operations console
     path("admin/", admin.site.urls),
-    path("api/", include("couponcenter.api.urls")),
+    path("api/", include("couponcenter.coupons.api.urls")),
     path("api/", include("reminders.api.urls")),
     path("api/", include("couponcenter.ops.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

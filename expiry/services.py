@@ -54,7 +54,7 @@ from django.utils import timezone
 from couponcenter.core.db import prepared
 from couponcenter.core.live_settings import LiveSettingsReader, live_settings_save
 from couponcenter.core.redis import get_redis
-from couponcenter.models import UserCoupon
+from couponcenter.coupons.models import UserCoupon
 
 from .models import ExpirySettings, ExpiryTask
 

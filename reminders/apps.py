@@ -2,10 +2,10 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from couponcenter import signals as coupon_signals
 from couponcenter.core import health
 from couponcenter.core import metrics as core_metrics
 from couponcenter.core.redis import get_redis
+from couponcenter.coupons import signals as coupon_signals
 from reminders.engine import connection
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from couponcenter.models import Coupon
+from couponcenter.coupons.models import Coupon
 from reminders.services import (
     subscriptions_cancel_for_coupon,
     subscriptions_drop_for_coupon,

@@ -48,11 +48,14 @@ def test_the_tree_keeps_every_contract():
     ("module", "forbidden", "contract"),
     [
         ("couponcenter/core/errors.py", "from reminders import models", "kernel imports no app"),
-        ("couponcenter/selectors.py", "from reminders import members", "Layers"),
+        ("couponcenter/core/errors.py", "from couponcenter.coupons import rules", "kernel imports"),
+        ("couponcenter/coupons/selectors.py", "from couponcenter.ops import overview", "Layers"),
+        ("couponcenter/coupons/selectors.py", "from reminders import members", "Layers"),
         ("expiry/selectors.py", "from reminders import members", "never import each other"),
         ("reminders/engine/keys.py", "from django.conf import settings", "plain Python"),
         ("reminders/services/delivery.py", "from reminders.bench import engine", "Benchmarks"),
-        ("couponcenter/stock.py", "from couponcenter import services", "cycles"),
+        ("couponcenter/coupons/models.py", "from couponcenter.coupons import bench", "Benchmarks"),
+        ("couponcenter/coupons/stock.py", "from couponcenter.coupons import services", "cycles"),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(copy_of_the_tree, module, forbidden, contract):
@@ -130,3 +133,16 @@ def test_a_copied_block_fails_the_duplicate_check(copy_of_the_tree):
         target.write_text(original)
     assert result.returncode == 1
     assert "expiry/selectors.py" in result.stdout and "expiry/sweeper.py" in result.stdout
+
+
+def test_the_coupon_domain_keeps_its_app_label():
+    """``couponcenter.coupons`` is the app labelled ``couponcenter``: its tables, migration history
+    and permissions are keyed by that label, so they are the same rows whatever the package."""
+    from django.apps import apps
+
+    from couponcenter.coupons.models import Coupon
+
+    config = apps.get_app_config("couponcenter")
+    assert config.name == "couponcenter.coupons"
+    assert Coupon._meta.app_label == "couponcenter"
+    assert Coupon._meta.db_table == "couponcenter_coupon"

@@ -13,7 +13,7 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from couponcenter.core.redis import broker_client
-from couponcenter.models import UserCoupon
+from couponcenter.coupons.models import UserCoupon
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC, member

@@ -18,7 +18,7 @@ import requests
 import yaml
 from django.conf import settings
 
-from couponcenter.bench.http import free_port
+from couponcenter.coupons.bench.http import free_port
 from reminders import metrics
 from reminders.members import REMINDER_TOPIC
 

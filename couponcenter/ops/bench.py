@@ -24,7 +24,7 @@ from django.test import Client
 from django.utils import timezone
 
 from couponcenter.core.redis import get_redis
-from couponcenter.models import Coupon, UserCoupon
+from couponcenter.coupons.models import Coupon, UserCoupon
 from expiry.models import ExpiryTask
 from reminders.engine import keys, queue, scripts
 from reminders.engine.clock import epoch_ms

@@ -33,9 +33,9 @@ import psutil
 from django.conf import settings
 from django.db import connection
 
-from couponcenter.bench import http as bench_http
-from couponcenter.bench.progress import Progress
 from couponcenter.core.redis import get_redis
+from couponcenter.coupons.bench import http as bench_http
+from couponcenter.coupons.bench.progress import Progress
 from expiry import services as expiry_services
 from expiry.bench import sweep as bench_expiry
 from reminders.bench import backlog as bench_backlog

@@ -34,7 +34,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Count, Max, Min
 from tqdm import tqdm
 
-from couponcenter.models import Coupon, UserCoupon
+from couponcenter.coupons.models import Coupon, UserCoupon
 from expiry import services
 from expiry.models import ExpiryTask
 

@@ -10,7 +10,7 @@ Pages read through ``reminders.selectors`` and write through ``reminders.service
 operations console over every app is ``couponcenter.ops``.
 """
 
-from couponcenter.admin import register_coupon_count
+from couponcenter.coupons.admin import register_coupon_count
 from reminders.selectors import subscription_scheduled_count
 
 from . import config, dead_letters, domain, topics  # noqa: F401  (registers the admins)

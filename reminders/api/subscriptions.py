@@ -10,7 +10,7 @@ from rest_framework.views import APIView
 from couponcenter.core.api.errors import conflict_serializer, error_responses
 from couponcenter.core.api.pagination import Pagination, paginated_response
 from couponcenter.core.api.permissions import ActsForUser
-from couponcenter.models import Coupon
+from couponcenter.coupons.models import Coupon
 from reminders import selectors, services
 from reminders.models import ReminderSubscription
 

@@ -32,8 +32,8 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from couponcenter.bench.progress import Progress
-from couponcenter.models import Coupon
+from couponcenter.coupons.bench.progress import Progress
+from couponcenter.coupons.models import Coupon
 from reminders.bench.engine import _cleanup, _topic
 from reminders.bench.tables import delete_bench_rows, delete_keys, vacuum_analyze
 from reminders.engine import connection as connection_redis

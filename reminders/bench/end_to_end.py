@@ -34,10 +34,10 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from couponcenter.bench.lateness import lateness_summary
-from couponcenter.bench.progress import Progress
 from couponcenter.core.db.times import aware_time
-from couponcenter.models import Coupon
+from couponcenter.coupons.bench.lateness import lateness_summary
+from couponcenter.coupons.bench.progress import Progress
+from couponcenter.coupons.models import Coupon
 from reminders import metrics
 from reminders.bench import backlog as backlog_bench
 from reminders.bench import engine as engine_bench

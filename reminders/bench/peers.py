@@ -32,8 +32,8 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 
-from couponcenter.bench.lateness import lateness_summary
 from couponcenter.core.redis import get_redis
+from couponcenter.coupons.bench.lateness import lateness_summary
 from reminders.bench.end_to_end import CELERY_CONCURRENCY, Progress
 from reminders.bench.peer_tasks import record_lateness
 from reminders.engine.clock import epoch_ms

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import connection
 
 from couponcenter.core.redis import get_redis
-from couponcenter.models import Coupon
+from couponcenter.coupons.models import Coupon
 from reminders.models import Notification, ReminderSubscription
 
 

@@ -41,11 +41,11 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from couponcenter import services as coupon_services
-from couponcenter.bench.http import Gunicorn, free_port, server_env
-from couponcenter.bench.lateness import lateness_summary
-from couponcenter.bench.progress import Progress
 from couponcenter.core.redis import get_redis
+from couponcenter.coupons import services as coupon_services
+from couponcenter.coupons.bench.http import Gunicorn, free_port, server_env
+from couponcenter.coupons.bench.lateness import lateness_summary
+from couponcenter.coupons.bench.progress import Progress
 from reminders.engine import leases
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.services import timeout_jobs_bulk_create, timeout_jobs_rebuild, timeout_topic_save

@@ -41,11 +41,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from couponcenter import rules
 from couponcenter.core import tracing
 from couponcenter.core.caching import TTLCache
 from couponcenter.core.db.times import aware_time, db_time
-from couponcenter.models import Coupon
+from couponcenter.coupons import rules
+from couponcenter.coupons.models import Coupon
 from reminders import metrics
 from reminders.alerts import raise_alert
 from reminders.engine import queue

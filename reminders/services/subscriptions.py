@@ -17,10 +17,10 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from couponcenter import rules
 from couponcenter.core import tracing
 from couponcenter.core.errors import BusinessError
-from couponcenter.models import Coupon
+from couponcenter.coupons import rules
+from couponcenter.coupons.models import Coupon
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for

@@ -17,7 +17,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from couponcenter.models import UserCoupon
+from couponcenter.coupons.models import UserCoupon
 from expiry import selectors
 from expiry import services as expiry_services
 from expiry.models import ExpiryTask

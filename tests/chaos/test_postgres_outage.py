@@ -20,7 +20,7 @@ import pytest
 import requests
 from django.utils import timezone
 
-from couponcenter.models import Coupon, UserCoupon
+from couponcenter.coupons.models import Coupon, UserCoupon
 from expiry import services as expiry_services
 from expiry.models import ExpiryTask
 from reminders.models import Notification

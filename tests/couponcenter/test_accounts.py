@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from couponcenter.models import Account
+from couponcenter.coupons.models import Account
 from tests.support.factories import CouponFactory, api_user
 
 pytestmark = pytest.mark.django_db

@@ -9,8 +9,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from couponcenter import services
-from couponcenter.models import Account, Coupon, UserCoupon
+from couponcenter.coupons import services
+from couponcenter.coupons.models import Account, Coupon, UserCoupon
 from reminders.models import ReminderSubscription
 from reminders.services import subscription_subscribe
 from tests.support.factories import CouponFactory, UserFactory

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from couponcenter import services
-from couponcenter.models import Coupon, UserCoupon
+from couponcenter.coupons import services
+from couponcenter.coupons.models import Coupon, UserCoupon
 from expiry.models import ExpiryTask
 from tests.support.factories import CouponFactory, UserCouponFactory
 

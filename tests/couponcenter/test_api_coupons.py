@@ -8,8 +8,8 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from couponcenter import services
-from couponcenter.models import Coupon
+from couponcenter.coupons import services
+from couponcenter.coupons.models import Coupon
 from tests.support.factories import CouponFactory
 
 pytestmark = pytest.mark.django_db

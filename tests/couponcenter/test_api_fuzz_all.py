@@ -26,7 +26,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from couponcenter import services
+from couponcenter.coupons import services
 from reminders.services import subscription_subscribe, timeout_job_create
 from tests.support.factories import CouponFactory, api_user
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from couponcenter.bench import http
-from couponcenter.models import Coupon, UserCoupon
+from couponcenter.coupons.bench import http
+from couponcenter.coupons.models import Coupon, UserCoupon
 from expiry.models import ExpiryTask
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

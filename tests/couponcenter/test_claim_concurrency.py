@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection, connections
 
-from couponcenter import services
-from couponcenter.models import Coupon, UserCoupon
-from couponcenter.rules import ClaimRefused
+from couponcenter.coupons import services
+from couponcenter.coupons.models import Coupon, UserCoupon
+from couponcenter.coupons.rules import ClaimRefused
 from expiry.models import ExpiryTask
 from tests.support.factories import CouponFactory
 

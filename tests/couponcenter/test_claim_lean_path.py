@@ -11,10 +11,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from couponcenter import services
-from couponcenter.api import claims as claims_api
-from couponcenter.api.claims import UserCouponOutputSerializer, user_coupon_data
-from couponcenter.models import UserCoupon
+from couponcenter.coupons import services
+from couponcenter.coupons.api import claims as claims_api
+from couponcenter.coupons.api.claims import UserCouponOutputSerializer, user_coupon_data
+from couponcenter.coupons.models import UserCoupon
 from tests.couponcenter.conftest import client_with
 from tests.support.factories import CouponFactory, UserCouponFactory, api_user
 

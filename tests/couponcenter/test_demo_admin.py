@@ -10,7 +10,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from couponcenter.management.commands.ensure_demo_admin import password_file
+from couponcenter.coupons.management.commands.ensure_demo_admin import password_file
 from couponcenter.ops.management.commands.welcome import box
 
 pytestmark = pytest.mark.django_db

@@ -26,7 +26,7 @@ from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from couponcenter.bench.http import database_url, free_port
+from couponcenter.coupons.bench.http import database_url, free_port
 from reminders.engine import topics as engine_topics
 from reminders.models import TimeoutJob
 from reminders.services import timeout_job_create

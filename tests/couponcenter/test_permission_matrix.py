@@ -18,7 +18,7 @@ from django.test import Client
 from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 
-from couponcenter import services
+from couponcenter.coupons import services
 from reminders.models import Notification, TimeoutTopic
 from reminders.services import timeout_job_create, timeout_topic_save
 from tests.couponcenter.conftest import client_with

@@ -9,8 +9,8 @@ import yaml
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.validation import validate_schema
 
-from couponcenter import services
-from couponcenter.models import Coupon, UserCoupon
+from couponcenter.coupons import services
+from couponcenter.coupons.models import Coupon, UserCoupon
 from tests.couponcenter.conftest import client_with
 from tests.support.factories import CouponFactory, UserFactory
 

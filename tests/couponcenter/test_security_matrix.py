@@ -30,9 +30,9 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from couponcenter import services
 from couponcenter.core.webhooks import OutboundCallFailed, check_target, post_signed
-from couponcenter.models import Coupon
+from couponcenter.coupons import services
+from couponcenter.coupons.models import Coupon
 from reminders.engine import topics as engine_topics
 from reminders.engine.clock import epoch_ms
 from reminders.gateways import WebhookGateway

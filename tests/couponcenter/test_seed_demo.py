@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.utils import timezone
 
-from couponcenter.models import Coupon, UserCoupon
+from couponcenter.coupons.models import Coupon, UserCoupon
 from reminders.models import ReminderSubscription
 
 pytestmark = pytest.mark.django_db

@@ -10,9 +10,9 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from couponcenter import services, signals
-from couponcenter.models import Coupon, UserCoupon
-from couponcenter.rules import ClaimRefused, CouponStateError, RedeemRefused
+from couponcenter.coupons import services, signals
+from couponcenter.coupons.models import Coupon, UserCoupon
+from couponcenter.coupons.rules import ClaimRefused, CouponStateError, RedeemRefused
 from expiry.models import ExpiryTask
 from reminders.models import ReminderSubscription
 from reminders.services import subscription_subscribe

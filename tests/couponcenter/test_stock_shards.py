@@ -1,5 +1,5 @@
-"""Stock shards (couponcenter.stock): the stock is cut over rows, claims never exceed it, sold_out
-is only answered once every shard is empty, and a stock change re-cuts what is left."""
+"""Stock shards (couponcenter.coupons.stock): the stock is cut over rows, claims never exceed it,
+sold_out is only answered once every shard is empty, and a stock change re-cuts what is left."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from django.core.exceptions import ValidationError
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from couponcenter import selectors, services
-from couponcenter.models import Coupon, CouponStockShard, UserCoupon
-from couponcenter.rules import ClaimRefused
+from couponcenter.coupons import selectors, services
+from couponcenter.coupons.models import Coupon, CouponStockShard, UserCoupon
+from couponcenter.coupons.rules import ClaimRefused
 from expiry.models import ExpiryTask
 from tests.couponcenter.test_claim_concurrency import free_connections
 from tests.support.factories import CouponFactory
@@ -248,7 +248,7 @@ def test_stock_cut_while_claims_run_is_never_oversold(four_shards):
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_leaves_the_fold_to_a_claim_still_running_in_its_process(settings):
-    from couponcenter import stock
+    from couponcenter.coupons import stock
 
     settings.COUPON_FOLD_INTERVAL_MS = 60_000
     coupon = services.coupon_create(**coupon_fields(total_stock=100))

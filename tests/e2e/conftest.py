@@ -31,8 +31,8 @@ import psutil
 import pytest
 from django.conf import settings
 
-from couponcenter.bench.http import database_url, free_port
 from couponcenter.core.redis import build_client
+from couponcenter.coupons.bench.http import database_url, free_port
 from reminders.engine import leases
 from tests.support.settings_rows import reminder_settings_row
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from couponcenter import services as coupon_services
+from couponcenter.coupons import services as coupon_services
 from reminders.engine import queue
 from reminders.members import REMINDER_TOPIC, member
 from reminders.models import Notification, ReminderSubscription

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from couponcenter import services as coupon_services
+from couponcenter.coupons import services as coupon_services
 from reminders.engine import queue
 from reminders.members import REMINDER_TOPIC, member
 from reminders.models import Notification, ReminderSubscription

@@ -10,7 +10,7 @@ import psycopg2
 import pytest
 from django.db import connection
 
-from couponcenter.models import UserCoupon
+from couponcenter.coupons.models import UserCoupon
 from expiry import services
 from expiry.bench.sweep import BENCH_NOW, bench_data_load
 from expiry.models import ExpiryTask

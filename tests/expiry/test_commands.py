@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from couponcenter.models import Coupon, UserCoupon
+from couponcenter.coupons.models import Coupon, UserCoupon
 from expiry import services
 from expiry.bench import sweep
 from expiry.bench.sweep import BENCH_COUPON_NAME

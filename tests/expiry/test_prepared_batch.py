@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from couponcenter.core.db import prepared
-from couponcenter.models import UserCoupon
+from couponcenter.coupons.models import UserCoupon
 from expiry import services
 from expiry.models import ExpiryTask
 from tests.support.factories import ExpiryTaskFactory, UserCouponFactory

@@ -13,9 +13,9 @@ import pytest
 from django.db import OperationalError, connection
 from django.utils import timezone
 
-from couponcenter.models import UserCoupon
-from couponcenter.rules import RedeemRefused
-from couponcenter.services import coupon_redeem
+from couponcenter.coupons.models import UserCoupon
+from couponcenter.coupons.rules import RedeemRefused
+from couponcenter.coupons.services import coupon_redeem
 from expiry import services
 from expiry.bench.sweep import BENCH_NOW, bench_data_load
 from expiry.models import ExpiryTask

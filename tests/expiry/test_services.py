@@ -6,7 +6,7 @@ import pytest
 from django.db.models import F
 from django.utils import timezone
 
-from couponcenter.models import UserCoupon
+from couponcenter.coupons.models import UserCoupon
 from expiry import selectors, services
 from expiry.models import ExpirySettings, ExpiryTask
 from tests.support.factories import ExpiryTaskFactory, UserCouponFactory

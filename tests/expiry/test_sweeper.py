@@ -15,7 +15,7 @@ from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
-from couponcenter.models import UserCoupon
+from couponcenter.coupons.models import UserCoupon
 from expiry import selectors, services
 from expiry.bench.sweep import BENCH_NOW, bench_data_load
 from expiry.models import ExpirySettings, ExpiryTask

@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from couponcenter import services as coupon_services
-from couponcenter.models import Coupon
+from couponcenter.coupons import services as coupon_services
+from couponcenter.coupons.models import Coupon
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Parcel

@@ -5,8 +5,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from couponcenter import services as coupon_services
-from couponcenter.models import Coupon
+from couponcenter.coupons import services as coupon_services
+from couponcenter.coupons.models import Coupon
 from reminders.engine import queue
 from reminders.members import REMINDER_TOPIC
 from reminders.models import Notification, ReminderSubscription

@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from couponcenter import services as coupon_services
+from couponcenter.coupons import services as coupon_services
 from reminders import selectors
 from reminders.engine import queue
 from reminders.gateways import InboxGateway

@@ -21,7 +21,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from couponcenter.bench.http import database_url
+from couponcenter.coupons.bench.http import database_url
 from reminders.engine import leases, queue
 from reminders.engine import topics as engine_topics
 from reminders.models import TimeoutJob

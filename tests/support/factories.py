@@ -8,7 +8,7 @@ from django.contrib.auth.models import Permission
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from couponcenter.models import Account, Coupon, UserCoupon
+from couponcenter.coupons.models import Account, Coupon, UserCoupon
 from expiry.models import ExpiryTask
 
 

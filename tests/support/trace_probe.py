@@ -27,8 +27,8 @@ assert tracing.setup(exporter=exporter)
 from django.test import Client  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from couponcenter import services as coupon_services  # noqa: E402
 from couponcenter.celery import app as celery_app  # noqa: E402
+from couponcenter.coupons import services as coupon_services  # noqa: E402
 from reminders.members import REMINDER_TOPIC  # noqa: E402
 from reminders.runtime.worker import build_worker  # noqa: E402
 from tests.support.factories import api_user  # noqa: E402

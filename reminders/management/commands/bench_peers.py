@@ -2,7 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from couponcenter.bench.progress import progress_bars
+from couponcenter.coupons.bench.progress import progress_bars
 from reminders.bench import peers
 
 PEERS = ("bullmq", "celery")

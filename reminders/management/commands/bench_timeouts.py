@@ -3,7 +3,7 @@ import json
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from couponcenter.bench.progress import progress_bars
+from couponcenter.coupons.bench.progress import progress_bars
 from reminders.bench import timeouts
 
 

@@ -8,7 +8,7 @@ import pytest
 from django.core.signals import request_finished, request_started
 from django.db import DatabaseError, connection, connections
 
-from couponcenter.models import Coupon
+from couponcenter.coupons.models import Coupon
 from tests.support.factories import CouponFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from couponcenter.bench.http import free_port
+from couponcenter.coupons.bench.http import free_port
 from reminders.engine import leases, queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.dispatcher import Dispatcher

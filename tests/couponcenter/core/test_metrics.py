@@ -126,7 +126,7 @@ def test_the_state_is_cached_between_close_scrapes():
 
 
 def test_redis_down_still_scrapes(settings):
-    from couponcenter.bench.http import free_port
+    from couponcenter.coupons.bench.http import free_port
 
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     settings.REDIS_EMBEDDED = False

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from django.db import connection, transaction
 
-from couponcenter import services, stock
 from couponcenter.core.db.prepared import Prepared
-from couponcenter.models import Coupon, UserCoupon
-from couponcenter.rules import ClaimRefused
+from couponcenter.coupons import services, stock
+from couponcenter.coupons.models import Coupon, UserCoupon
+from couponcenter.coupons.rules import ClaimRefused
 from expiry.models import ExpiryTask
 from tests.support.factories import CouponFactory
 

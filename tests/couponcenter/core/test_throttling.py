@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.cache import cache
 
-from couponcenter.models import UserCoupon
+from couponcenter.coupons.models import UserCoupon
 from tests.couponcenter.conftest import client_with
 from tests.support.factories import CouponFactory, api_user
 
@@ -67,7 +67,7 @@ def test_claims_answer_429_past_the_rate_per_caller(rates):
 
 
 def test_the_claim_throttle_lets_claims_through_when_redis_is_down(rates, settings):
-    from couponcenter.bench.http import free_port
+    from couponcenter.coupons.bench.http import free_port
 
     rates(claim="3/min")
     coupon = CouponFactory()

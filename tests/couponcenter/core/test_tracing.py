@@ -16,8 +16,8 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from couponcenter.bench.http import database_url
 from couponcenter.core import tracing
+from couponcenter.coupons.bench.http import database_url
 from reminders.services import subscription_subscribe
 from tests.support.factories import CouponFactory
 

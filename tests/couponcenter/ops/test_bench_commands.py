@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from couponcenter.core.redis import get_redis
-from couponcenter.models import Coupon
+from couponcenter.coupons.models import Coupon
 from reminders.bench import timeouts as bench_timeouts
 from reminders.bench.backlog import bench_rebuild_size
 from reminders.bench.raw_inbox import bench_raw_inbox

@@ -12,7 +12,7 @@ from django.db.models import F
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from couponcenter.models import Coupon
+from couponcenter.coupons.models import Coupon
 from expiry import services as expiry_services
 from expiry.models import ExpirySettings
 from reminders.models import ReminderSettings

@@ -13,9 +13,9 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from couponcenter import services
-from couponcenter.models import Coupon, UserCoupon
-from couponcenter.rules import ClaimRefused
+from couponcenter.coupons import services
+from couponcenter.coupons.models import Coupon, UserCoupon
+from couponcenter.coupons.rules import ClaimRefused
 from reminders.models import ReminderSubscription
 from reminders.services import subscription_subscribe
 

@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from couponcenter.celery import app as celery_app
-from couponcenter.management.commands.ensure_demo_admin import known_password
+from couponcenter.coupons.management.commands.ensure_demo_admin import known_password
 from expiry.selectors import last_run
 from reminders.engine import leases
 

@@ -16,7 +16,6 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from couponcenter import selectors, services
 from couponcenter.core.admin import EstimatedCountPaginator, exact_id
 from couponcenter.core.durations import (
     ISO_DURATION_ADMIN,
@@ -25,7 +24,8 @@ from couponcenter.core.durations import (
     MinDurationValidator,
 )
 from couponcenter.core.errors import BusinessError
-from couponcenter.models import Account, Coupon, UserCoupon
+from couponcenter.coupons import selectors, services
+from couponcenter.coupons.models import Account, Coupon, UserCoupon
 
 # Counts on a coupon's change page (never per row of a list), by display name. The coupon domain
 # counts its claims; an app that follows coupons adds its own from its admin module (reminders:
@@ -99,7 +99,7 @@ class CouponAdmin(admin.ModelAdmin):
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None):
         # The change page (and its form's stock check) shows the exact count of claims, not the
-        # column, which may lag a running sale by a moment (couponcenter.stock).
+        # column, which may lag a running sale by a moment (couponcenter.coupons.stock).
         coupon = super().get_object(request, object_id, from_field)
         if coupon is not None:
             coupon.claimed_count = selectors.coupon_claims_count(coupon=coupon)

@@ -11,13 +11,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from couponcenter import selectors, services
 from couponcenter.core.api.errors import conflict_serializer, error_responses
 from couponcenter.core.api.fields import AwareDateTimeField, IsoDurationField
 from couponcenter.core.api.pagination import Pagination, paginated_response
 from couponcenter.core.api.permissions import CanManageCoupons
 from couponcenter.core.api.schema import COUPON_ID
-from couponcenter.models import MAX_PER_USER_LIMIT, MAX_TOTAL_STOCK, Coupon
+from couponcenter.coupons import selectors, services
+from couponcenter.coupons.models import MAX_PER_USER_LIMIT, MAX_TOTAL_STOCK, Coupon
 
 
 class CouponOutputSerializer(serializers.ModelSerializer):

@@ -36,7 +36,8 @@ def coupon_claims_count(*, coupon: Coupon) -> int:
     """The exact number of claims of ``coupon``, from its stock shards.
 
     ``Coupon.claimed_count`` trails the shards by the claims committed but not folded yet (a
-    moment, ``couponcenter.stock``); a coupon not sharded yet has only the claims in that column.
+    moment, ``couponcenter.coupons.stock``); a coupon not sharded yet has only the claims in
+    that column.
     """
     total = CouponStockShard.objects.filter(coupon_id=coupon.pk).aggregate(n=Sum("claimed"))["n"]
     return coupon.claimed_count if total is None else total

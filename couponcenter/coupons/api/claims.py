@@ -26,14 +26,14 @@ from rest_framework.response import Response
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
-from couponcenter import selectors, services
 from couponcenter.core.api.authentication import TokenAuthentication
 from couponcenter.core.api.errors import conflict_serializer, error_responses, exception_handler
 from couponcenter.core.api.pagination import Pagination, paginated_response
 from couponcenter.core.api.permissions import ActsForUser, can_act_for
 from couponcenter.core.api.schema import USER_COUPON_ID, USER_ID
 from couponcenter.core.api.throttling import BatchedFixedWindowScopedThrottle
-from couponcenter.models import Coupon, UserCoupon
+from couponcenter.coupons import selectors, services
+from couponcenter.coupons.models import Coupon, UserCoupon
 
 CLAIM_REFUSALS = ["sold_out", "limit_reached", "not_open", "closed", "cancelled"]
 REDEEM_REFUSALS = ["expired", "already_used"]

@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from couponcenter import services
 from couponcenter.core.errors import BusinessError
+from couponcenter.coupons import services
 
 MAX_USER_ID = 10**18 - 1
 

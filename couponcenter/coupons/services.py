@@ -2,7 +2,7 @@
 
 Invariants (held by the database, not by luck):
 - never more claims than ``total_stock``: a claim takes one unit from one of the coupon's stock
-  shards with a conditional UPDATE (``claimed < stock``; see ``couponcenter.stock`` for the
+  shards with a conditional UPDATE (``claimed < stock``; see ``couponcenter.coupons.stock`` for the
   shards' own invariants and how ``Coupon.claimed_count`` follows them). A check constraint
   backs it up. ``sold_out`` is only answered once no shard has stock left.
 - at most ``per_user_limit`` claims per (coupon, user): each claim takes the user's lowest free
@@ -28,14 +28,15 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
 
+from couponcenter.core.api.authentication import token_issue, token_revoke
+from couponcenter.core.db import prepared
+from couponcenter.core.errors import BusinessError
+
 # The one documented exception to the layering (docs/architecture.md, invariant 2): the claim
 # statement writes the claim's ExpiryTask in the same transaction.
 from expiry.models import ExpiryTask
 
 from . import rules, signals, stock
-from .core.api.authentication import token_issue, token_revoke
-from .core.db import prepared
-from .core.errors import BusinessError
 from .models import MAX_PER_USER_LIMIT, Account, Coupon, CouponStockShard, UserCoupon
 from .rules import ClaimRefused, CouponStateError, RedeemRefused
 

@@ -38,10 +38,10 @@ from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
-from couponcenter import selectors, services
-from couponcenter.models import Coupon, UserCoupon
+from couponcenter.coupons import selectors, services
+from couponcenter.coupons.models import Coupon, UserCoupon
 
-ROOT = Path(__file__).resolve().parents[2]  # the project root: gunicorn runs from there
+ROOT = Path(__file__).resolve().parents[3]  # the project root: gunicorn runs from there
 BENCH_ACCOUNT = "bench-claims-http"
 USER_ID_BASE = 10**12  # far above any real end-user id the bench database may hold
 

@@ -40,7 +40,7 @@ def claim_refusal(
     counts are given) ``sold_out``; None when it may go ahead.
 
     ``sold_out`` judged from ``claimed_count`` may lag the claims by a moment
-    (``couponcenter.stock``); a claim itself decides on the stock shards.
+    (``couponcenter.coupons.stock``); a claim itself decides on the stock shards.
     """
     if status == CANCELLED:
         return "cancelled"

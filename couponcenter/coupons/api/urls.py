@@ -1,7 +1,7 @@
 from django.urls import path
 
-from couponcenter.api import accounts, auth, claims, coupons
 from couponcenter.core.api import converters  # noqa: F401  (registers the "id" path converter)
+from couponcenter.coupons.api import accounts, auth, claims, coupons
 
 urlpatterns = [
     path("auth/token/", auth.TokenApi.as_view(), name="api-token"),

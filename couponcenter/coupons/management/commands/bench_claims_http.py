@@ -2,7 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from couponcenter.bench import http as bench_http
+from couponcenter.coupons.bench import http as bench_http
 
 
 class Command(BaseCommand):

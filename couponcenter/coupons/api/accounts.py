@@ -17,9 +17,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from couponcenter import services
 from couponcenter.core.api.errors import conflict_serializer, error_responses
 from couponcenter.core.api.permissions import staff_permissions
+from couponcenter.coupons import services
 
 MAX_USER_ID = 10**18 - 1
 

@@ -7,7 +7,8 @@ from couponcenter.core.security import log_lockout
 
 
 class CouponCenterConfig(AppConfig):
-    name = "couponcenter"
+    name = "couponcenter.coupons"
+    label = "couponcenter"  # keys its tables, migration history and permissions
     verbose_name = "Coupons"
 
     def ready(self) -> None:

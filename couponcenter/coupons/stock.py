@@ -38,7 +38,8 @@ from django.db import Error as DbError
 from django.db import connection, transaction
 from django.db.models import OuterRef, Subquery, Sum
 
-from .core.db import prepared
+from couponcenter.core.db import prepared
+
 from .models import Coupon, CouponStockShard
 
 logger = logging.getLogger(__name__)

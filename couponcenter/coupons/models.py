@@ -40,9 +40,9 @@ class Coupon(models.Model):
     total_stock = models.PositiveIntegerField(
         validators=[MinValueValidator(1), MaxValueValidator(MAX_TOTAL_STOCK)]
     )
-    # Claims so far, folded from the coupon's stock shards (``couponcenter.stock``) by each claim
-    # right after its commit and by stock changes and cancels. The shards, not this column, are
-    # what a claim takes stock from, so claims never queue on this row.
+    # Claims so far, folded from the coupon's stock shards (``couponcenter.coupons.stock``) by
+    # each claim right after its commit and by stock changes and cancels. The shards, not this
+    # column, are what a claim takes stock from, so claims never queue on this row.
     claimed_count = models.PositiveIntegerField(default=0, editable=False)
     per_user_limit = models.PositiveIntegerField(
         default=1, validators=[MinValueValidator(1), MaxValueValidator(MAX_PER_USER_LIMIT)]

@@ -46,18 +46,6 @@ class ExpirySettingsForm(forms.ModelForm):
             "retention": "Processed tasks older than this are deleted, e.g. 7 00:00:00.",
         }
 
-    def clean(self):
-        cleaned = super().clean()
-        errors = services.expiry_settings_errors(
-            batch_size=cleaned.get("batch_size"),
-            interval=cleaned.get("interval"),
-            retention=cleaned.get("retention"),
-        )
-        for name, message in errors.items():
-            if name not in self.errors:
-                self.add_error(name, message)
-        return cleaned
-
 
 @admin.register(ExpirySettings)
 class ExpirySettingsAdmin(admin.ModelAdmin):

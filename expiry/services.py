@@ -354,20 +354,6 @@ def expiry_settings_cache_clear() -> None:
     _settings.clear()
 
 
-def expiry_settings_errors(
-    *, batch_size: int | None, interval: timedelta | None, retention: timedelta | None
-) -> dict[str, str]:
-    """Field errors for a settings change (empty when valid)."""
-    errors = {}
-    if batch_size is None or batch_size < 1:
-        errors["batch_size"] = "Batch size must be at least 1."
-    if interval is None or interval <= timedelta(0):
-        errors["interval"] = "Interval must be greater than zero."
-    if retention is None or retention < timedelta(0):
-        errors["retention"] = "Retention cannot be negative."
-    return errors
-
-
 def expiry_settings_save(*, config: ExpirySettings) -> ExpirySettings:
     """Save the settings row; sweepers pick it up on their next pass (its ``version`` moves).
     Raises ``ValidationError`` (nothing saved) for values the model refuses."""

@@ -296,3 +296,19 @@ def test_admin_pages(admin_client):
     assert response.status_code == 302 and "/change/" in response["Location"]
     assert admin_client.get(response["Location"]).status_code == 200
     assert admin_client.get("/admin/expiry/expirysettings/add/").status_code == 403
+
+
+def test_admin_search_finds_tasks_by_the_exact_end_user_id():
+    from django.contrib import admin
+
+    mine, other = make_task(expires_at=timezone.now()), make_task(expires_at=timezone.now())
+    task_admin = admin.site._registry[ExpiryTask]
+
+    def found(term):
+        queryset, _ = task_admin.get_search_results(None, ExpiryTask.objects.all(), term)
+        return set(queryset.values_list("pk", flat=True))
+
+    assert found(str(mine.user_coupon.user_id)) == {mine.pk}
+    assert found(str(mine.user_coupon.user_id)[:-1]) == set()
+    assert found("not-a-number") == set()
+    assert found("") == {mine.pk, other.pk}

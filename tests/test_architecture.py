@@ -48,6 +48,7 @@ def test_the_tree_keeps_every_contract():
         ("expiry/selectors.py", "from reminders import members", "never import each other"),
         ("reminders/engine/keys.py", "from django.conf import settings", "plain Python"),
         ("reminders/services/delivery.py", "from reminders.bench import engine", "Benchmarks"),
+        ("couponcenter/ops/api.py", "from couponcenter.ops.bench import console", "Benchmarks"),
         ("couponcenter/stock.py", "from couponcenter import services", "cycles"),
     ],
 )

@@ -56,6 +56,7 @@ def test_the_tree_keeps_every_contract():
         ("reminders/services/delivery.py", "from reminders.bench import engine", "Benchmarks"),
         ("couponcenter/coupons/models.py", "from couponcenter.coupons import bench", "Benchmarks"),
         ("couponcenter/coupons/stock.py", "from couponcenter.coupons import services", "cycles"),
+        ("couponcenter/ops/api.py", "from couponcenter.ops.bench import console", "Benchmarks"),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(copy_of_the_tree, module, forbidden, contract):

@@ -266,16 +266,6 @@ class ExpirySettingsSerializer(IsoDurationModelSerializer):
         fields = ["batch_size", "interval", "retention", "updated_at"]
         read_only_fields = ["updated_at"]
 
-    def validate(self, attrs: dict) -> dict:
-        merged = {
-            name: attrs.get(name, getattr(self.instance, name))
-            for name in ("batch_size", "interval", "retention")
-        }
-        errors = expiry_services.expiry_settings_errors(**merged)
-        if errors:
-            raise serializers.ValidationError({k: [v] for k, v in errors.items()})
-        return attrs
-
 
 class ConfigErrorSerializer(serializers.Serializer):
     errors = serializers.DictField(

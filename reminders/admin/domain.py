@@ -7,7 +7,7 @@ from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
-from couponcenter.core.admin import EstimatedCountPaginator, exact_id
+from couponcenter.core.admin import EstimatedCountPaginator, ExactIdSearch, exact_id
 from couponcenter.core.errors import BusinessError
 from couponcenter.core.humanize import when
 from reminders import attributes
@@ -282,7 +282,7 @@ class TimeoutJobAdmin(admin.ModelAdmin):
 
 
 @admin.register(ReminderSubscription)
-class ReminderSubscriptionAdmin(admin.ModelAdmin):
+class ReminderSubscriptionAdmin(ExactIdSearch, admin.ModelAdmin):
     list_display = ["id", "user_id", "coupon", "remind_at", "status", "priority", "slot",
                     "drop_reason", "sent_at"]  # fmt: skip
     list_filter = ["status", "priority"]
@@ -294,16 +294,9 @@ class ReminderSubscriptionAdmin(admin.ModelAdmin):
     paginator = EstimatedCountPaginator
     list_per_page = 50
 
-    def get_search_results(self, request, queryset, search_term):
-        if not search_term.strip():
-            return queryset, False
-        if (pk := exact_id(search_term)) is None:
-            return queryset.none(), False
-        return queryset.filter(user_id=pk) | queryset.filter(coupon_id=pk), False
-
 
 @admin.register(Notification)
-class NotificationAdmin(admin.ModelAdmin):
+class NotificationAdmin(ExactIdSearch, admin.ModelAdmin):
     list_display = ["id", "user_id", "kind", "title", "visible_at", "push", "held", "read_at"]
     list_filter = ["kind", "push", "held"]
     search_fields = ["=user_id"]
@@ -311,10 +304,3 @@ class NotificationAdmin(admin.ModelAdmin):
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     list_per_page = 50
-
-    def get_search_results(self, request, queryset, search_term):
-        if not search_term.strip():
-            return queryset, False
-        if (pk := exact_id(search_term)) is None:
-            return queryset.none(), False
-        return queryset.filter(user_id=pk), False

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from couponcenter.coupons.models import UserCoupon
-from expiry import services
+from expiry import services, sql
 from expiry.bench.sweep import BENCH_NOW, bench_data_load
 from expiry.models import ExpiryTask
 from tests.expiry.test_races import run_threads, sweeper_batches
@@ -40,7 +40,7 @@ def _tasks(count: int) -> list[int]:
 def test_a_batch_another_sweeper_holds_is_passed_over_and_the_pass_goes_on(other_session):
     ids = _tasks(30)
     with other_session.cursor() as cursor:  # another sweeper is working on the first batch
-        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [services.BATCH_LOCK_CLASS, ids[0]])
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [sql.BATCH_LOCK_CLASS, ids[0]])
 
     held = services.expiry_sweep_batch(now=BENCH_NOW, batch_size=10)
     assert (held.claimed, held.processed, held.left_to_others) == (0, 0, 10)
@@ -73,9 +73,7 @@ def test_a_batch_is_named_after_its_first_task_in_due_order_whatever_its_ids(oth
     first_due = tasks[9]  # the first batch: the five due earliest, tasks[9] first
     assert first_due.pk == max(task.pk for task in tasks[5:])
     with other_session.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_advisory_xact_lock(%s, %s)", [services.BATCH_LOCK_CLASS, first_due.pk]
-        )
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [sql.BATCH_LOCK_CLASS, first_due.pk])
 
     held = services.expiry_sweep_batch(now=BENCH_NOW, batch_size=5)
 
@@ -110,10 +108,10 @@ def test_the_fast_way_takes_no_row_lock_before_its_updates():
     """The point of the fast way: its plan has no LockRows step (the careful way's has)."""
     with connection.cursor() as cursor:
         params = {"now": BENCH_NOW, "limit": 10, "ids": False, "after_at": BENCH_NOW,
-                  "after_id": 0, "lock_class": services.BATCH_LOCK_CLASS}  # fmt: skip
-        cursor.execute("EXPLAIN " + services._FAST[False].sql, params)
+                  "after_id": 0, "lock_class": sql.BATCH_LOCK_CLASS}  # fmt: skip
+        cursor.execute("EXPLAIN " + sql.FAST[False].sql, params)
         fast = "\n".join(row[0] for row in cursor.fetchall())
-        cursor.execute("EXPLAIN " + services._CAREFUL_SQL[False], params)
+        cursor.execute("EXPLAIN " + sql.CAREFUL[False], params)
         careful = "\n".join(row[0] for row in cursor.fetchall())
     assert "LockRows" not in fast and "LockRows" in careful
 
@@ -121,7 +119,7 @@ def test_the_fast_way_takes_no_row_lock_before_its_updates():
 def test_a_second_sweeper_takes_the_other_lane_and_walks_down_newest_first(other_session):
     ids = _tasks(30)
     with other_session.cursor() as cursor:  # a first sweeper is in its pass, walking up
-        cursor.execute("SELECT pg_try_advisory_lock(%s, 0)", [services.LANE_LOCK_CLASS])
+        cursor.execute("SELECT pg_try_advisory_lock(%s, 0)", [sql.LANE_LOCK_CLASS])
         assert cursor.fetchone()[0]
 
     totals = services.expiry_sweep_due(
@@ -134,7 +132,7 @@ def test_a_second_sweeper_takes_the_other_lane_and_walks_down_newest_first(other
     with connection.cursor() as cursor:  # its lane went back at the end of the pass
         cursor.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s",
-            [services.LANE_LOCK_CLASS],
+            [sql.LANE_LOCK_CLASS],
         )
         assert cursor.fetchone()[0] == 1  # the other session's only
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from couponcenter.core.db import prepared
 from couponcenter.coupons.models import UserCoupon
-from expiry import services
+from expiry import services, sql
 from expiry.models import ExpiryTask
 from tests.support.factories import ExpiryTaskFactory, UserCouponFactory
 
@@ -108,7 +108,7 @@ def test_a_first_batch_that_waited_on_a_row_lock_keeps_its_statement_for_the_nex
         holder.rollback()
         holder.close()
     assert held.careful and held.processed == 2  # past the held coupon
-    key = services._FAST[False].key
+    key = sql.FAST[False].key
     assert key in connection.prepared_statements and key in on_server()
     runs = []
     run = prepared.execute_in_own_transaction

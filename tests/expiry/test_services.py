@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db.models import F
 from django.utils import timezone
 
@@ -253,15 +254,12 @@ def test_settings_get_creates_one_row_and_sees_changes():
     assert ExpirySettings.objects.count() == 1
 
 
-def test_settings_errors():
-    ok = services.expiry_settings_errors(
-        batch_size=1, interval=timedelta(seconds=1), retention=timedelta(0)
-    )
-    assert ok == {}
-    bad = services.expiry_settings_errors(
-        batch_size=0, interval=timedelta(0), retention=timedelta(seconds=-1)
-    )
-    assert set(bad) == {"batch_size", "interval", "retention"}
+def test_settings_bounds_are_the_models():
+    ExpirySettings(batch_size=1, interval=timedelta(seconds=1), retention=timedelta(0)).full_clean()
+    bad = ExpirySettings(batch_size=0, interval=timedelta(0), retention=timedelta(seconds=-1))
+    with pytest.raises(ValidationError) as refused:
+        bad.full_clean()
+    assert set(refused.value.message_dict) == {"batch_size", "interval", "retention"}
 
 
 def test_selectors_report_backlog_and_oldest_due_task():
@@ -284,7 +282,8 @@ def test_settings_admin_form_gives_clear_errors():
     form = ExpirySettingsForm(data={"batch_size": "0", "interval": "0", "retention": "-1 0:00:00"})
     assert not form.is_valid()
     assert set(form.errors) == {"batch_size", "interval", "retention"}
-    assert form.errors["interval"] == ["Interval must be greater than zero."]
+    # The model's bound, in its own words: one set of rules for the admin and the API.
+    assert form.errors["interval"] == ["Ensure this value is greater than or equal to PT1S."]
     good = ExpirySettingsForm(data={"batch_size": "500", "interval": "30", "retention": "0"})
     assert good.is_valid(), good.errors
 
@@ -297,3 +296,19 @@ def test_admin_pages(admin_client):
     assert response.status_code == 302 and "/change/" in response["Location"]
     assert admin_client.get(response["Location"]).status_code == 200
     assert admin_client.get("/admin/expiry/expirysettings/add/").status_code == 403
+
+
+def test_admin_search_finds_tasks_by_the_exact_end_user_id():
+    from django.contrib import admin
+
+    mine, other = make_task(expires_at=timezone.now()), make_task(expires_at=timezone.now())
+    task_admin = admin.site._registry[ExpiryTask]
+
+    def found(term):
+        queryset, _ = task_admin.get_search_results(None, ExpiryTask.objects.all(), term)
+        return set(queryset.values_list("pk", flat=True))
+
+    assert found(str(mine.user_coupon.user_id)) == {mine.pk}
+    assert found(str(mine.user_coupon.user_id)[:-1]) == set()
+    assert found("not-a-number") == set()
+    assert found("") == {mine.pk, other.pk}

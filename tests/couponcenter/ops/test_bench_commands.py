@@ -13,10 +13,14 @@ from django.utils import timezone
 
 from couponcenter.core.redis import get_redis
 from couponcenter.coupons.models import Coupon
+from couponcenter.ops.bench.console import DEAD_SLOTS, ConsoleBench
+from reminders import engine
 from reminders.bench import timeouts as bench_timeouts
 from reminders.bench.backlog import bench_rebuild_size
 from reminders.bench.raw_inbox import bench_raw_inbox
+from reminders.members import REMINDER_TOPIC
 from reminders.models import Notification, ReminderSubscription, TimeoutJob, TimeoutTopic
+from reminders.selectors import reminder_settings_get
 from reminders.services import timeout_job_create, timeout_topic_save
 from tests.support.factories import CouponFactory
 
@@ -117,3 +121,27 @@ def test_the_timeouts_bench_starts_by_removing_what_a_killed_run_left(
     assert not TimeoutJob.objects.filter(pk=left.pk).exists()
     assert not TimeoutTopic.objects.filter(name=bench_timeouts.BURST_TOPIC).exists()
     assert TimeoutJob.objects.filter(pk=kept.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_console_bench_buries_through_the_engine_times_every_page_and_cleans_up():
+    bench = ConsoleBench(count=300, repeat=1)
+    try:
+        bench.load()
+        slots = reminder_settings_get(max_age_s=0).slots
+        users = ReminderSubscription.objects.filter(coupon=bench.coupons[1]).values_list(
+            "user_id", flat=True
+        )
+        # Every reminder of the first slots went dead (fewer than DEAD of them at this size).
+        dying = sum(engine.slot_for(user_id, slots) < DEAD_SLOTS for user_id in users)
+        dead = [engine.list_dead(REMINDER_TOPIC, slot, limit=1000) for slot in range(slots)]
+        assert sum(map(len, dead)) == dying > 0
+        pages = bench.pages()
+        timings = bench.measure()
+    finally:
+        bench.cleanup()
+    assert [t.page for t in timings] == pages
+    assert {t.status for t in timings} <= {200, 302}, [(t.page, t.status) for t in timings]
+    assert not list(get_redis().scan_iter(match=f"{bench.tag}:*"))
+    assert not Coupon.objects.filter(name__startswith=bench.tag).exists()
+    assert not ReminderSubscription.objects.exists()

@@ -5,7 +5,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
-from couponcenter.ops.bench import ConsoleBench
+from couponcenter.ops.bench.console import ConsoleBench
 
 TARGET_MS = 1000
 

@@ -4,8 +4,12 @@ Loads ``count`` user coupons (with their expiry tasks) and ``count`` pending rem
 subscriptions with a single ``INSERT ... SELECT`` per chunk (``generate_series`` on PostgreSQL, a
 recursive CTE on SQLite), indexes the reminders in Redis under a key prefix of its own, buries a
 few thousand of them as dead letters, then times every console page, admin changelist and ops
-endpoint through the Django test client as a logged-in staff user. Everything it made is
+endpoint through the Django test client as a logged-in staff user: in process, so a page's time
+is Django's and the database's, without a server or network in it. Everything it made is
 deleted afterwards (rows by bench coupon, Redis keys by prefix).
+
+Redis is written through the timeout engine's public API (``reminders.engine``) under a slot
+lease of its own, as a worker would.
 """
 
 from __future__ import annotations
@@ -26,15 +30,16 @@ from django.utils import timezone
 from couponcenter.core.redis import get_redis
 from couponcenter.coupons.models import Coupon, UserCoupon
 from expiry.models import ExpiryTask
-from reminders.engine import keys, queue, scripts
+from reminders import engine
+from reminders.engine.leases import SlotLeases
 from reminders.engine.clock import epoch_ms
-from reminders.engine.keys import slot_for
 from reminders.members import REMINDER_TOPIC, member
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
 CHUNK = 100_000
-DEAD = 2000
+DEAD = 2000  # dead letters, spread over the first few slots (DEAD_SLOTS)
+DEAD_SLOTS = 4
 USER_BASE = 900_000_000  # bench end-user ids start here, far from real ones
 
 
@@ -79,26 +84,34 @@ class ConsoleBench:
         started = time.perf_counter()
         now = timezone.now()
         claimed = Coupon.objects.create(
-            name=f"{self.tag} claimed", claim_opens_at=now - timedelta(days=1),
-            total_stock=self.count, valid_for=timedelta(days=30),
-        )  # fmt: skip
+            name=f"{self.tag} claimed",
+            claim_opens_at=now - timedelta(days=1),
+            total_stock=self.count,
+            valid_for=timedelta(days=30),
+        )
         upcoming = Coupon.objects.create(
-            name=f"{self.tag} upcoming", claim_opens_at=now + timedelta(days=1),
-            total_stock=self.count, valid_for=timedelta(days=30),
-        )  # fmt: skip
+            name=f"{self.tag} upcoming",
+            claim_opens_at=now + timedelta(days=1),
+            total_stock=self.count,
+            valid_for=timedelta(days=30),
+        )
         self.coupons = [claimed, upcoming]
         self._insert_user_coupons(claimed, now)
         t_coupons = time.perf_counter() - started
         slots = reminder_settings_get(max_age_s=0).slots
         self._insert_subscriptions(upcoming, now + timedelta(days=1) - timedelta(minutes=1), slots)
         t_subs = time.perf_counter() - started - t_coupons
-        self._index_in_redis(upcoming, slots)
-        self._bury_some(slots)
+        now_ms = int(now.timestamp() * 1000)
+        self._index_in_redis(upcoming, slots, now_ms)
+        self._bury_some(slots, now_ms)
         with connection.cursor() as cursor:
             for model in (UserCoupon, ExpiryTask, ReminderSubscription):
                 cursor.execute(f"ANALYZE {model._meta.db_table}")
-        return {"user_coupons_s": t_coupons, "reminders_s": t_subs,
-                "total_s": time.perf_counter() - started}  # fmt: skip
+        return {
+            "user_coupons_s": t_coupons,
+            "reminders_s": t_subs,
+            "total_s": time.perf_counter() - started,
+        }
 
     def _insert_user_coupons(self, coupon: Coupon, now) -> None:
         uc, et = UserCoupon._meta.db_table, ExpiryTask._meta.db_table
@@ -148,38 +161,53 @@ class ConsoleBench:
             bar.update(stop - start)
         bar.close()
 
-    def _index_in_redis(self, coupon: Coupon, slots: int) -> None:
+    def _index_in_redis(self, coupon: Coupon, slots: int, now_ms: int) -> None:
+        """Index the reminders as subscribing does; the first ``DEAD`` of them in the first
+        ``DEAD_SLOTS`` slots are indexed due now, for ``_bury_some`` to claim."""
         rows = ReminderSubscription.objects.filter(coupon=coupon).values_list(
             "pk", "user_id", "remind_at"
         )
+        dying = dict.fromkeys(range(min(slots, DEAD_SLOTS)), DEAD // min(slots, DEAD_SLOTS))
         bar = self.progress(self.count, "redis index")
         batch = []
         for pk, user_id, remind_at in rows.iterator(chunk_size=20_000):
-            batch.append((member(pk), epoch_ms(remind_at),
-                          slot_for(user_id, slots)))  # fmt: skip
+            slot = engine.slot_for(user_id, slots)
+            due_ms = epoch_ms(remind_at)
+            if dying.get(slot):
+                dying[slot] -= 1
+                due_ms = now_ms
+            batch.append((member(pk), due_ms, slot))
             if len(batch) >= 50_000:
-                queue.schedule_many(REMINDER_TOPIC, batch)
+                engine.schedule_many(REMINDER_TOPIC, batch)
                 bar.update(len(batch))
                 batch = []
         if batch:
-            queue.schedule_many(REMINDER_TOPIC, batch)
+            engine.schedule_many(REMINDER_TOPIC, batch)
             bar.update(len(batch))
         bar.close()
-        queue.record_layout(REMINDER_TOPIC, slots)
+        engine.record_layout(REMINDER_TOPIC, slots)
 
-    def _bury_some(self, slots: int) -> None:
-        """Claim and bury ``DEAD`` entries over a few slots, so the dead list has pages."""
-        client, per_slot = get_redis(), DEAD // min(slots, 4)
-        for slot in range(min(slots, 4)):
-            k = keys.slot_keys(REMINDER_TOPIC, slot)
-            token = scripts.lease_acquire(client, k, holder=self.tag, ttl_ms=60_000)
-            # Due in a day, they wait in ``later``: into store first, where claims look.
-            queue.promote(REMINDER_TOPIC, {slot: token}, until_ms=10**13, limit=per_slot)
-            got = queue.claim(REMINDER_TOPIC, slot, now_ms=10**13, limit=per_slot,
-                              visibility_ms=60_000, lease_token=token, with_due=False)  # fmt: skip
-            queue.bury(REMINDER_TOPIC, slot, [(c.job_id, "bench: gateway 503") for c in got],
-                       now_ms=epoch_ms(), lease_token=token)  # fmt: skip
-            scripts.lease_release(client, k.lease, token=token)
+    def _bury_some(self, slots: int, now_ms: int) -> None:
+        """Claim and bury the reminders indexed due now, so the dead list has pages."""
+        dead_slots = range(min(slots, DEAD_SLOTS))
+        leases = SlotLeases(self.tag, ttl_ms=60_000)
+        leases.sync({REMINDER_TOPIC: dead_slots})
+        try:
+            for slot in dead_slots:
+                token = leases.token(REMINDER_TOPIC, slot)
+                claimed = engine.claim(
+                    REMINDER_TOPIC,
+                    slot,
+                    now_ms=now_ms,
+                    limit=DEAD,
+                    visibility_ms=60_000,
+                    lease_token=token,
+                    with_due=False,
+                )
+                died = [(c.job_id, "bench: gateway 503") for c in claimed]
+                engine.bury(REMINDER_TOPIC, slot, died, now_ms=now_ms, lease_token=token)
+        finally:
+            leases.release_all()
 
     # --- measure ----------------------------------------------------------------------------------
 

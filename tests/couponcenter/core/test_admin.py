@@ -1,0 +1,39 @@
+"""The exact-id search of the big lists, through an admin that uses it on two columns."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib import admin
+
+from reminders.models import ReminderSubscription
+from tests.support.factories import CouponFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def _found(term: str) -> set[int]:
+    model_admin = admin.site._registry[ReminderSubscription]
+    queryset, duplicates = model_admin.get_search_results(
+        None, ReminderSubscription.objects.all(), term
+    )
+    assert duplicates is False
+    return set(queryset.values_list("pk", flat=True))
+
+
+def test_an_id_is_matched_exactly_on_every_searched_column_and_anything_else_finds_nothing():
+    first, second = CouponFactory(), CouponFactory()
+    remind_at = first.claim_opens_at
+    # Subscribed by an end user whose id is the second coupon's id.
+    by_user = ReminderSubscription.objects.create(
+        coupon=first, user_id=second.pk, remind_at=remind_at
+    )
+    of_coupon = ReminderSubscription.objects.create(
+        coupon=second, user_id=987_654_321, remind_at=remind_at
+    )
+
+    assert _found(str(second.pk)) == {by_user.pk, of_coupon.pk}
+    assert _found(" 987654321 ") == {of_coupon.pk}
+    assert _found("98765432") == set()
+    assert _found("") == {by_user.pk, of_coupon.pk}
+    assert _found("abc") == set()
+    assert _found("1" * 19) == set()  # past a BIGINT: not an id

@@ -31,8 +31,8 @@ from couponcenter.core.redis import get_redis
 from couponcenter.coupons.models import Coupon, UserCoupon
 from expiry.models import ExpiryTask
 from reminders import engine
-from reminders.engine.leases import SlotLeases
 from reminders.engine.clock import epoch_ms
+from reminders.engine.leases import SlotLeases
 from reminders.members import REMINDER_TOPIC, member
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get

@@ -223,7 +223,7 @@ def timeout_jobs_bulk_create(
             raise TimeoutJobConflict(
                 message="Another request created a job for one of these keys meanwhile; retry."
             ) from exc
-        _index_on_commit(new, specs)
+        timeout_jobs_index_on_commit(new, specs)
     made = {(j.topic, j.biz_type, j.biz_id): j for j in new}
     return [(made[key], True) if key in made else (existing[key], False) for key in keys]
 
@@ -373,7 +373,9 @@ def _pending_by_keys(keys: list[tuple[str, str, str]]) -> dict[tuple[str, str, s
     return found
 
 
-def _index_on_commit(jobs: list[TimeoutJob], specs: dict) -> None:
+def timeout_jobs_index_on_commit(jobs: list[TimeoutJob], specs: dict) -> None:
+    """Schedule these new jobs' entries (``specs``: their topics' specs) once the transaction
+    commits."""
     by_topic: dict[str, list[tuple[str, int, int]]] = {}
     for job in jobs:
         by_topic.setdefault(job.topic, []).append(
@@ -512,71 +514,3 @@ def timeout_jobs_reindex(
         last_pk = chunk[-1][0]
         if progress is not None:
             progress(len(chunk))
-
-
-def timeout_jobs_next_times(
-    jobs: list[TimeoutJob], *, now: datetime, topic: str = ""
-) -> tuple[dict[int, datetime | None], dict[int, str]]:
-    """The next occurrence of each recurring job in ``jobs`` (about to settle), evaluated under
-    the recurrence budget in the child process of ``topic`` (``recurrence.calculator``, one a
-    topic, so a tenant's costly rules hold up only its own topic): never in a transaction, never
-    in this process. Returns the times (None: the series is over) and the reasons of the series
-    that end: a rule past the budget, one that no longer parses, or a child that failed (each
-    is marked and alerted, never dropped silently). The next occurrence comes after the one that
-    fired and after ``now``: what fell due while nothing ran is not replayed. Jobs of one series
-    start fired together are evaluated once."""
-    times: dict[int, datetime | None] = {}
-    ended: dict[int, str] = {}
-    known: dict[tuple[str, datetime, datetime], datetime | None | str] = {}
-    calc = recurrence.calculator(topic) if any(job.recurrence for job in jobs) else None
-    for job in jobs:
-        if not job.recurrence:
-            continue
-        query = (job.recurrence, job.series_start or job.action_time, max(job.action_time, now))
-        if query not in known:
-            try:
-                known[query] = calc.next_after(*query).at
-            except recurrence.Exceeded as exc:
-                known[query] = f"series ended: its next occurrence was {exc}"
-            except ValueError as exc:
-                known[query] = f"series ended: its recurrence no longer parses ({exc})"
-            except OSError as exc:
-                known[query] = f"series ended: its recurrence could not be evaluated ({exc})"
-        if isinstance(known[query], str):
-            ended[job.pk] = known[query]
-        else:
-            times[job.pk] = known[query]
-    return times, ended
-
-
-def timeout_jobs_next_occurrences(
-    fired: list[TimeoutJob], times: dict[int, datetime | None]
-) -> list[TimeoutJob]:
-    """The next occurrence of each recurring job in ``fired`` (just settled: processed or dead)
-    at its time in ``times`` (``timeout_jobs_next_times``), created pending in the caller's
-    transaction and indexed once it commits. A series whose rule has no later time ends; a key
-    that has a pending job already (created through the API meanwhile) keeps that one and the
-    series ends there, logged."""
-    made = []
-    specs = timeout_topic_specs()
-    for job in fired:
-        spec = specs.get(job.topic)
-        at = times.get(job.pk)
-        if not job.recurrence or spec is None or at is None:
-            continue
-        successor = TimeoutJob(
-            topic=job.topic, biz_type=job.biz_type, biz_id=job.biz_id, action_time=at,
-            attribute=job.attribute, recurrence=job.recurrence,
-            series_start=job.series_start or job.action_time,
-            slot=job.slot & (spec.slots - 1),  # its series' slot (the creator's fair key)
-        )  # fmt: skip
-        try:
-            with transaction.atomic():
-                successor.save()
-        except IntegrityError:
-            logger.warning("job %s: a pending job holds its key; the series ends there", job.pk)
-            continue
-        made.append(successor)
-    if made:
-        _index_on_commit(made, specs)
-    return made

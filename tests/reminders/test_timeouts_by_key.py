@@ -245,13 +245,13 @@ def test_a_reschedule_committed_while_the_old_entry_is_claimed_wins(monkeypatch)
     job = timeout_job_create(topic=TOPIC, biz_type="order", biz_id="K-5",
                              action_time=timezone.now() - timedelta(seconds=1))  # fmt: skip
     later = timezone.now() + timedelta(hours=1)
-    take = timeout_jobs._take
+    take = timeout_jobs.timeout_jobs_take_rows
 
     def reschedule_then_take(due):
         timeout_job_reschedule(job=TimeoutJob.objects.get(pk=job.pk), action_time=later)
         return take(due)
 
-    monkeypatch.setattr(timeout_jobs, "_take", reschedule_then_take)
+    monkeypatch.setattr(timeout_jobs, "timeout_jobs_take_rows", reschedule_then_take)
     worker = build_worker([TOPIC])
     try:
         report = worker.run_until_idle()

@@ -33,10 +33,10 @@ from reminders.engine import queue
 from reminders.engine.keys import slot_for
 from reminders.models import TimeoutJob
 from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
+from reminders.services.indexing import reindex_rows
 from reminders.services.quotas import quota_attributes_check, quota_creations_take
 from reminders.topic_specs import slot_basis
 
-REINDEX_CHUNK = 5000
 logger = logging.getLogger(__name__)
 
 
@@ -496,21 +496,9 @@ def timeout_jobs_reindex(
     pending = TimeoutJob.objects.filter(status__in=(Status.PENDING, Status.RUNNING))
     if due_before is not None:
         pending = pending.filter(action_time__lt=due_before)
-    added, last_pk = 0, 0
-    while True:
-        chunk = list(
-            pending.filter(pk__gt=last_pk)
-            .order_by("pk")
-            .values_list("pk", "topic", "action_time", "slot")[:REINDEX_CHUNK]
-        )
-        if not chunk:
-            return added
-        by_topic: dict[str, list[tuple[str, int, int]]] = {}
-        for pk, topic, action_time, slot in chunk:
-            by_topic.setdefault(topic, []).append((str(pk), queue.epoch_ms(action_time), slot))
-        for topic, items in by_topic.items():
-            queue.record_layout_covering(topic, [slot for _, _, slot in items])
-            added += queue.schedule_many(topic, items, nx=True)
-        last_pk = chunk[-1][0]
-        if progress is not None:
-            progress(len(chunk))
+    return reindex_rows(
+        pending,
+        ("topic", "action_time", "slot"),
+        lambda r: (r[1], (str(r[0]), queue.epoch_ms(r[2]), r[3])),
+        progress=progress,
+    )

@@ -187,24 +187,37 @@ def _settle_chunk(spec: TimeoutTopicSpec, fired: list[Fired]) -> dict[str, int]:
         ended=ended,
     )
     if ended:
-        logger.error("%d recurring series of %s ended: %s", len(ended), spec.name,
-                     next(iter(ended.values())), extra={"jobs": sorted(ended)[:20]})  # fmt: skip
-        raise_alert(
-            title=f"{len(ended)} recurring series ended: their rule ran past its budget or "
-            "no longer parses",
-            details={"topic": spec.name, "jobs": sorted(ended)[:20],
-                     "error": next(iter(ended.values()))},
-        )  # fmt: skip
+        _report_ended(spec, ended)
     stale = [f for f in fired if f.job.pk not in settled]
     if stale:
         slots = sorted({f.slot for f in stale})
         logger.warning(
             "lease lost on %s:%s; dropping the batch in hand (%d jobs taken over by another "
-            "worker)", spec.name, ",".join(map(str, slots)), len(stale),
-        )  # fmt: skip
+            "worker)",
+            spec.name,
+            ",".join(map(str, slots)),
+            len(stale),
+        )
     fired = [f for f in fired if f.job.pk in settled]
     ok = [f for f in fired if f.error is None]
     failed = [f for f in fired if f.error is not None]
+    _settle_in_engine(spec, ok, failed)
+    dead = [f for f in failed if f.attempt >= spec.max_attempts]
+    if failed:
+        _report_failed(spec, failed, dead)
+    metrics.record(
+        spec.name,
+        {"delivered": len(ok), "failed": len(failed) - len(dead), "dead": len(dead)},
+        [max(0, f.fired_ms - queue_epoch_ms(f.job.action_time)) for f in ok],
+    )
+    if tracing.enabled():
+        _trace_fired(spec, fired, dead={f.job.pk for f in dead})
+    return {"acked": len(ok), "retried": len(failed) - len(dead), "dead": len(dead)}
+
+
+def _settle_in_engine(spec: TimeoutTopicSpec, ok: list[Fired], failed: list[Fired]) -> None:
+    """Ack what succeeded; nack what failed, with backoff (the engine's attempt count decides
+    dead the same way the rows did)."""
     acks: dict[int, list[str]] = defaultdict(list)
     for f in ok:
         acks[f.slot].append(str(f.job.pk))
@@ -215,30 +228,53 @@ def _settle_chunk(spec: TimeoutTopicSpec, fired: list[Fired]) -> dict[str, int]:
         nacks[f.slot].append((str(f.job.pk), f.error))
     now_ms = queue_epoch_ms(timezone.now())
     for slot, items in nacks.items():
-        queue.nack_handed(spec.name, slot, items, now_ms=now_ms, max_attempts=spec.max_attempts,
-                          backoff_base_ms=spec.backoff_base_ms,
-                          backoff_cap_ms=spec.backoff_cap_ms)  # fmt: skip
-    dead = [f for f in failed if f.attempt >= spec.max_attempts]
-    if failed:
-        logger.warning(
-            "%d timeout jobs failed (%d dead)", len(failed), len(dead),
-            extra={"topic": spec.name, "jobs": [f.job.pk for f in failed[:20]],
-                   "error": failed[0].error},
-        )  # fmt: skip
+        queue.nack_handed(
+            spec.name,
+            slot,
+            items,
+            now_ms=now_ms,
+            max_attempts=spec.max_attempts,
+            backoff_base_ms=spec.backoff_base_ms,
+            backoff_cap_ms=spec.backoff_cap_ms,
+        )
+
+
+def _report_ended(spec: TimeoutTopicSpec, ended: dict[int, str]) -> None:
+    error = next(iter(ended.values()))
+    logger.error(
+        "%d recurring series of %s ended: %s",
+        len(ended),
+        spec.name,
+        error,
+        extra={"jobs": sorted(ended)[:20]},
+    )
+    raise_alert(
+        title=f"{len(ended)} recurring series ended: their rule ran past its budget or "
+        "no longer parses",
+        details={"topic": spec.name, "jobs": sorted(ended)[:20], "error": error},
+    )
+
+
+def _report_failed(spec: TimeoutTopicSpec, failed: list[Fired], dead: list[Fired]) -> None:
+    logger.warning(
+        "%d timeout jobs failed (%d dead)",
+        len(failed),
+        len(dead),
+        extra={
+            "topic": spec.name,
+            "jobs": [f.job.pk for f in failed[:20]],
+            "error": failed[0].error,
+        },
+    )
     if dead:
         raise_alert(
             title=f"{len(dead)} timeout jobs dead after {spec.max_attempts} attempts",
-            details={"topic": spec.name, "jobs": [f.job.pk for f in dead[:20]],
-                     "error": dead[0].error},
-        )  # fmt: skip
-    metrics.record(
-        spec.name,
-        {"delivered": len(ok), "failed": len(failed) - len(dead), "dead": len(dead)},
-        [max(0, f.fired_ms - queue_epoch_ms(f.job.action_time)) for f in ok],
-    )
-    if tracing.enabled():
-        _trace_fired(spec, fired, dead={f.job.pk for f in dead})
-    return {"acked": len(ok), "retried": len(failed) - len(dead), "dead": len(dead)}
+            details={
+                "topic": spec.name,
+                "jobs": [f.job.pk for f in dead[:20]],
+                "error": dead[0].error,
+            },
+        )
 
 
 def _trace_fired(spec: TimeoutTopicSpec, fired: list[Fired], *, dead: set[int]) -> None:

@@ -21,7 +21,7 @@ from reminders.services import (
     timeout_job_reschedule,
     timeout_jobs_bulk_create,
 )
-from reminders.services.timeouts import BULK_MAX
+from reminders.services.timeouts_bulk import BULK_MAX
 from tests.support.factories import api_user
 
 pytestmark = pytest.mark.django_db
@@ -131,7 +131,7 @@ def test_a_bulk_racing_another_create_of_a_key_is_a_conflict_and_writes_nothing(
     # Another request creates the key's job after this one looked for pending jobs: the
     # database's unique constraint refuses the insert, and the whole request rolls back.
     timeout_job_create(topic=TOPIC, biz_type="order", biz_id="R-1", action_time=WHEN)
-    monkeypatch.setattr("reminders.services.timeouts._pending_by_keys", lambda keys: {})
+    monkeypatch.setattr("reminders.services.timeouts_bulk._pending_by_keys", lambda keys: {})
     jobs = [{"topic": TOPIC, "biz_type": "order", "biz_id": f"R-{i}", "action_time": WHEN}
             for i in range(5)]  # fmt: skip
     with pytest.raises(TimeoutJobConflict):

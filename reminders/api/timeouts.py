@@ -25,7 +25,7 @@ from couponcenter.core.time import EARLIEST_TIME, LATEST_TIME
 from reminders import attributes, recurrence, selectors, services
 from reminders.models import TimeoutJob
 from reminders.selectors.topics import timeout_topic_spec, timeout_topics_for, topic_usable_by
-from reminders.services.timeouts import BULK_MAX
+from reminders.services.timeouts_bulk import BULK_MAX
 
 # One component per set of 409 codes, shared by every operation that answers it.
 DUPLICATE = conflict_serializer("TimeoutJobConflict", ["duplicate"])

@@ -20,7 +20,6 @@ from reminders.engine import topics as engine_topics
 from reminders.engine.clock import epoch_ms
 from reminders.engine.topics import EngineSettings, Topic, TopicSettings
 from reminders.handlers.coupon_reminders import reminder_topics
-from reminders.handlers.executors import Clock, TopicExecutors
 from reminders.handlers.timeout_jobs import (
     fire_jobs,
     settle_fired,
@@ -29,6 +28,8 @@ from reminders.handlers.timeout_jobs import (
     timeout_jobs_take,
 )
 from reminders.members import REMINDER_TOPICS
+from reminders.runtime.executors import TopicExecutors
+from reminders.runtime.topic_executor import Clock
 from reminders.selectors import reminder_settings_get
 from reminders.selectors.topics import TimeoutTopicSpec, timeout_topic_specs
 

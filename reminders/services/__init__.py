@@ -19,9 +19,9 @@ from .timeouts import (
     timeout_job_end,
     timeout_job_ensure,
     timeout_job_reschedule,
-    timeout_jobs_bulk_create,
     timeout_jobs_rebuild,
 )
+from .timeouts_bulk import timeout_jobs_bulk_create
 from .topics import TopicInUse, timeout_topic_delete, timeout_topic_save
 
 __all__ = [

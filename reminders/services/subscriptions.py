@@ -28,7 +28,7 @@ from reminders.members import REMINDER_TOPICS, member, reminder_topic_for
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
-from .indexing import BULK_CHUNK, by_topic, index_on_commit, unindex_on_commit
+from .indexing import BULK_CHUNK, by_topic, index_on_commit, rebuild_rows, unindex_on_commit
 from .staging import staged_withdraw
 
 Status = ReminderSubscription.Status
@@ -151,7 +151,7 @@ def subscriptions_drop_for_coupon(*, coupon: Coupon, reason: str) -> int:
 def subscriptions_rebuild(
     *, due_before: datetime | None = None, progress: Callable[[int], None] | None = None
 ) -> int:
-    """Rebuild scheduled reminders (all, or due before ``due_before``); idempotent (NX).
+    """Re-index scheduled reminders (all, or due before ``due_before``); idempotent (NX).
 
     A reminder in flight in a parcel is left out: NX sees store, prepare and dead, not inside a
     parcel (the engine keeps a parcel's ids as one string), and re-adding one would deliver it a
@@ -160,28 +160,13 @@ def subscriptions_rebuild(
     scheduled = ReminderSubscription.objects.filter(status=Status.SCHEDULED)
     if due_before is not None:
         scheduled = scheduled.filter(remind_at__lt=due_before)
-    added, last_pk = 0, 0
-    while True:
-        chunk = list(
-            scheduled.filter(pk__gt=last_pk)
-            .order_by("pk")
-            .values_list("pk", "remind_at", "slot", "priority")[:BULK_CHUNK]
-        )
-        if not chunk:
-            return added
-        grouped = by_topic(
-            chunk,
-            lambda r: (reminder_topic_for(r[3]), (member(r[0]), epoch_ms(r[1]), r[2])),
-        )
-        for topic, items in grouped.items():
-            slots = {slot for _, _, slot in items}
-            queue.record_layout_covering(topic, slots)
-            in_flight = queue.in_parcels(topic, slots)  # slot -> ids in its parcels
-            items = [item for item in items if item[0] not in in_flight.get(item[2], ())]
-            added += queue.schedule_many(topic, items, nx=True)
-        last_pk = chunk[-1][0]
-        if progress is not None:
-            progress(len(chunk))
+    return rebuild_rows(
+        scheduled,
+        ("remind_at", "slot", "priority"),
+        lambda r: (reminder_topic_for(r[3]), (member(r[0]), epoch_ms(r[1]), r[2])),
+        in_flight=queue.in_parcels,
+        progress=progress,
+    )
 
 
 def _chunks(iterable, size: int):

@@ -5,7 +5,7 @@ it back after its visibility timeout and counts the attempt, so after ``max_atte
 pill is in the dead queue, its ``TimeoutJob`` row DEAD (the engine's ``on_dead`` hook) and an
 alert raised. The pill's batch-mates (its slot, due with it) come back with it after the first
 death as suspects; each is then claimed alone, so they run once, on their second delivery, and the
-pill dies alone from then on: a suspect fires in quarantine (``handlers.executors.Quarantine``),
+pill dies alone from then on: a suspect fires in quarantine (``runtime.quarantine.Quarantine``),
 once nothing else of its process is in flight or held (what was held goes back to store, its
 attempt not spent) and with nothing new taken until it settled. So the
 jobs due while the pill keeps killing workers, in the other slots and in another topic, run once

@@ -142,7 +142,7 @@ def test_rebuild_after_flush_restores_each_pending_entry_once_and_each_fires_onc
     assert len(calls) == 40
 
 
-def test_processed_and_cancelled_jobs_are_not_reindexed(
+def test_processed_and_cancelled_jobs_are_not_rebuilt(
     call_topic, make_job, flush, redis_client, calls, django_capture_on_commit_callbacks
 ):
     fired, cancelled = make_job(TOPIC), make_job(TOPIC, in_s=60)

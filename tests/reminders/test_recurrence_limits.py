@@ -21,11 +21,12 @@ from reminders import recurrence
 from reminders.engine import topics as engine_topics
 from reminders.engine.scripts import Claimed
 from reminders.handlers import timeout_jobs
-from reminders.handlers.executors import Fired
+from reminders.handlers.timeout_jobs import Fired
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.runtime.worker import build_worker
 from reminders.selectors.topics import timeout_topic_spec
 from reminders.services import timeout_job_create, timeout_topic_save
+from reminders.services.firing import timeout_jobs_take_rows
 from tests.support.factories import api_user
 
 pytestmark = pytest.mark.django_db
@@ -138,7 +139,7 @@ def test_an_occurrence_that_fired_late_is_followed_by_the_next_from_now(
     late = job.action_time - timedelta(hours=3)
     TimeoutJob.objects.filter(pk=job.pk).update(action_time=late, series_start=late)
     job.refresh_from_db()
-    [taken], _ = timeout_jobs._take({job.pk: Claimed(str(job.pk), 0, 1)})
+    [taken], _ = timeout_jobs_take_rows({job.pk: Claimed(str(job.pk), 0, 1)})
     before = timezone.now()
     with django_capture_on_commit_callbacks(execute=True):
         timeout_jobs.settle_fired(timeout_topic_spec(TOPIC), [Fired(job.slot, taken, 1, None, 0)])

@@ -17,11 +17,12 @@ from reminders.engine import topics as engine_topics
 from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
 from reminders.handlers import timeout_jobs
-from reminders.handlers.executors import Fired
+from reminders.handlers.timeout_jobs import Fired
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.runtime.worker import build_worker
 from reminders.selectors.topics import timeout_topic_spec
 from reminders.services import timeout_job_create, timeout_topic_save
+from reminders.services.firing import timeout_jobs_take_rows
 from tests.support.factories import UserFactory, api_user
 
 pytestmark = pytest.mark.django_db
@@ -52,7 +53,7 @@ def _fire_pending(capture) -> dict[str, int]:
     need not have come: the next occurrence follows the one that fired)."""
     job = TimeoutJob.objects.get(topic=TOPIC, status=Status.PENDING)
     spec = timeout_topic_spec(TOPIC)
-    [taken], _ = timeout_jobs._take({job.pk: Claimed(str(job.pk), 0, 1)})
+    [taken], _ = timeout_jobs_take_rows({job.pk: Claimed(str(job.pk), 0, 1)})
     with capture(execute=True):
         return timeout_jobs.settle_fired(spec, [Fired(job.slot, taken, 1, None, 0)])
 
@@ -98,8 +99,8 @@ def test_a_stale_settlement_creates_no_second_successor(django_capture_on_commit
     # settles: the row says attempt 2, so nothing moves and no other successor is made.
     job = _series(django_capture_on_commit_callbacks, "FREQ=MINUTELY;COUNT=3")
     spec = timeout_topic_spec(TOPIC)
-    [mine], _ = timeout_jobs._take({job.pk: Claimed(str(job.pk), 0, 1)})
-    [theirs], _ = timeout_jobs._take({job.pk: Claimed(str(job.pk), 0, 2, suspect=True)})
+    [mine], _ = timeout_jobs_take_rows({job.pk: Claimed(str(job.pk), 0, 1)})
+    [theirs], _ = timeout_jobs_take_rows({job.pk: Claimed(str(job.pk), 0, 2, suspect=True)})
     with django_capture_on_commit_callbacks(execute=True):
         late = timeout_jobs.settle_fired(spec, [Fired(job.slot, theirs, 2, None, 0)])
         stale = timeout_jobs.settle_fired(spec, [Fired(job.slot, mine, 1, None, 0)])
@@ -112,7 +113,7 @@ def test_a_stale_settlement_creates_no_second_successor(django_capture_on_commit
 def test_a_dead_occurrence_still_continues_the_series(django_capture_on_commit_callbacks):
     job = _series(django_capture_on_commit_callbacks, "FREQ=HOURLY;COUNT=2")
     spec = timeout_topic_spec(TOPIC)
-    [taken], _ = timeout_jobs._take({job.pk: Claimed(str(job.pk), 0, spec.max_attempts)})
+    [taken], _ = timeout_jobs_take_rows({job.pk: Claimed(str(job.pk), 0, spec.max_attempts)})
     with django_capture_on_commit_callbacks(execute=True):
         counts = timeout_jobs.settle_fired(
             spec, [Fired(job.slot, taken, spec.max_attempts, "boom", 0)]

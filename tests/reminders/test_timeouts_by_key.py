@@ -21,7 +21,7 @@ from reminders.services import (
     timeout_job_reschedule,
     timeout_jobs_bulk_create,
 )
-from reminders.services.timeouts import BULK_MAX
+from reminders.services.timeouts_bulk import BULK_MAX
 from tests.support.factories import api_user
 
 pytestmark = pytest.mark.django_db
@@ -131,7 +131,7 @@ def test_a_bulk_racing_another_create_of_a_key_is_a_conflict_and_writes_nothing(
     # Another request creates the key's job after this one looked for pending jobs: the
     # database's unique constraint refuses the insert, and the whole request rolls back.
     timeout_job_create(topic=TOPIC, biz_type="order", biz_id="R-1", action_time=WHEN)
-    monkeypatch.setattr("reminders.services.timeouts._pending_by_keys", lambda keys: {})
+    monkeypatch.setattr("reminders.services.timeouts_bulk._pending_by_keys", lambda keys: {})
     jobs = [{"topic": TOPIC, "biz_type": "order", "biz_id": f"R-{i}", "action_time": WHEN}
             for i in range(5)]  # fmt: skip
     with pytest.raises(TimeoutJobConflict):
@@ -245,13 +245,13 @@ def test_a_reschedule_committed_while_the_old_entry_is_claimed_wins(monkeypatch)
     job = timeout_job_create(topic=TOPIC, biz_type="order", biz_id="K-5",
                              action_time=timezone.now() - timedelta(seconds=1))  # fmt: skip
     later = timezone.now() + timedelta(hours=1)
-    take = timeout_jobs._take
+    take = timeout_jobs.timeout_jobs_take_rows
 
     def reschedule_then_take(due):
         timeout_job_reschedule(job=TimeoutJob.objects.get(pk=job.pk), action_time=later)
         return take(due)
 
-    monkeypatch.setattr(timeout_jobs, "_take", reschedule_then_take)
+    monkeypatch.setattr(timeout_jobs, "timeout_jobs_take_rows", reschedule_then_take)
     worker = build_worker([TOPIC])
     try:
         report = worker.run_until_idle()

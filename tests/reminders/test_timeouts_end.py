@@ -15,10 +15,11 @@ from reminders.engine import queue
 from reminders.engine import topics as engine_topics
 from reminders.engine.scripts import Claimed
 from reminders.handlers import timeout_jobs
-from reminders.handlers.executors import Fired
+from reminders.handlers.timeout_jobs import Fired
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.selectors.topics import timeout_topic_spec
 from reminders.services import timeout_job_create, timeout_topic_save
+from reminders.services.firing import timeout_jobs_take_rows
 from tests.support.factories import UserFactory, api_user
 
 pytestmark = pytest.mark.django_db
@@ -39,7 +40,7 @@ def _running(capture, biz_id: str = "o1", **fields) -> TimeoutJob:
         job = timeout_job_create(topic=TOPIC, biz_type="order", biz_id=biz_id,
                                  action_time=timezone.now() + timedelta(minutes=2),
                                  **fields)  # fmt: skip
-    [taken], _ = timeout_jobs._take({job.pk: Claimed(str(job.pk), 0, 1)})
+    [taken], _ = timeout_jobs_take_rows({job.pk: Claimed(str(job.pk), 0, 1)})
     assert TimeoutJob.objects.get(pk=job.pk).status == Status.RUNNING
     return taken
 

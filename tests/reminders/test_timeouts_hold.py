@@ -332,7 +332,7 @@ def test_held_jobs_wait_for_a_waiting_suspect_no_longer_than_the_hold(
 def test_a_suspect_waits_for_what_a_retiring_executor_still_fires():
     """A topic's executor rebuilt (its spec changed) finishes what it fired in the background;
     a suspect that comes meanwhile waits for that too before it fires alone."""
-    from reminders.handlers.executors import TopicExecutors
+    from reminders.runtime.executors import TopicExecutors
     from reminders.topic_specs import TimeoutTopicSpec
 
     fired: list[str] = []

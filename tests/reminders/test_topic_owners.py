@@ -19,10 +19,11 @@ from reminders.engine import topics as engine_topics
 from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
 from reminders.handlers import timeout_jobs
-from reminders.handlers.executors import Fired
+from reminders.handlers.timeout_jobs import Fired
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.selectors.topics import timeout_topic_spec
 from reminders.services import timeout_topic_save
+from reminders.services.firing import timeout_jobs_take_rows
 from tests.support.factories import api_user
 
 pytestmark = pytest.mark.django_db
@@ -276,7 +277,7 @@ def test_a_recurring_jobs_next_occurrence_keeps_its_creators_fair_slot(
     body = _body("shop.daily", attribute={"tenant": "acme"}, recurrence="FREQ=DAILY;COUNT=3")
     first = TimeoutJob.objects.get(pk=_post(owner_client, capture, body).json()["job_id"])
     spec = timeout_topic_spec("shop.daily")
-    [taken], _ = timeout_jobs._take({first.pk: Claimed(str(first.pk), 0, 1)})
+    [taken], _ = timeout_jobs_take_rows({first.pk: Claimed(str(first.pk), 0, 1)})
     with capture(execute=True):
         assert timeout_jobs.settle_fired(spec, [Fired(first.slot, taken, 1, None, 0)])["acked"]
 

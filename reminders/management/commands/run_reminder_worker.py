@@ -6,7 +6,7 @@ import threading
 from django.core.management.base import BaseCommand, CommandError
 
 from couponcenter.core.process import stop_on_signals, tune_gc
-from reminders.handlers.executors import FIRE_THREAD_PREFIX
+from reminders.runtime.topic_executor import FIRE_THREAD_PREFIX
 from reminders.runtime.worker import build_worker
 
 logger = logging.getLogger(__name__)

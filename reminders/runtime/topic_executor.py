@@ -1,4 +1,4 @@
-"""Firing generic timeout jobs off the dispatch loop: one executor per topic per worker.
+"""Firing generic timeout jobs off the dispatch loop: the executor of one topic in one worker.
 
 The dispatch loop only claims, takes the rows (one ``UPDATE ... RETURNING``) and hands the jobs
 to their topic's executor; it never waits for a receiver. An executor fires with its topic's own
@@ -19,11 +19,11 @@ timer thread waits for each job's due time, then takes the rows (pending to runn
 conditional ``UPDATE``) and fires them: the due moment pays for one statement and the call, not
 for the loop's sleep and claim. A cancel or a reschedule that commits before the due time still
 wins (the take refuses the row, and the entry is acked); a job claimed again while held (a
-reschedule to sooner) replaces its older copy, which is then neither fired nor acked. A suspect
-fires alone (``Quarantine``): held jobs that fall due while it waits for the process's other
-jobs to settle wait for it, at most ``hold_ms`` more, and what is still held when it fires goes
-back to store, due as it was, no attempt spent (``queue.unclaim``), and is claimed again once it
-settled; so does what is still held when the executor closes.
+reschedule to sooner) replaces its older copy, which is then neither fired nor acked. While a
+suspect waits to fire alone (``quarantine.Quarantine``), held jobs that fall due wait for it, at
+most ``hold_ms`` more; what is still held when it fires goes back to store, due as it was, no
+attempt spent (``queue.unclaim``), and is claimed again once it settled; so does what is still
+held when the executor closes.
 
 ``inline=True`` (the ``--once`` drain and the tests) fires and settles in the caller's thread,
 through the same code, and holds nothing.
@@ -36,10 +36,8 @@ import itertools
 import logging
 import queue as stdlib_queue
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -48,26 +46,19 @@ from couponcenter.core.webhooks import guarded_session
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
+from reminders.handlers.timeout_jobs import Fired
 from reminders.models import TimeoutJob
+from reminders.runtime.quarantine import Quarantine
 from reminders.selectors.topics import TimeoutTopicSpec
 
 logger = logging.getLogger(__name__)
 # Waiting work per unit of concurrency: enough to keep every call busy, little enough that a
-# job's wait stays well inside its visibility timeout (topic_specs.VISIBILITY_CALLS).
+# job's wait stays well inside its visibility timeout (``topic_specs.VISIBILITY_CALLS``).
 QUEUE_DEPTH = 2
 BATCH_JOBS = 500  # jobs per celery task or callable call
 SETTLE_MAX = 5000  # fired jobs settled per round of the settler
 QUARANTINE_POLL_MS = 20  # how often held jobs that fell due look whether a suspect has settled
 FIRE_THREAD_PREFIX = "fire-"  # the executors' threads, by name (``run_reminder_worker``'s exit)
-
-
-@dataclass(frozen=True, slots=True)
-class Fired:
-    slot: int
-    job: TimeoutJob
-    attempt: int
-    error: str | None  # None: the action succeeded
-    fired_ms: int
 
 
 FireBatch = Callable[[TimeoutTopicSpec, list[TimeoutJob], object], dict[int, str | None]]
@@ -80,6 +71,9 @@ Clock = Callable[[], int]
 
 
 class TopicExecutor:
+    """One topic's executor in one worker: its pool of callers, its settler thread and, when
+    it holds, its timer thread."""
+
     def __init__(
         self,
         spec: TimeoutTopicSpec,
@@ -183,8 +177,12 @@ class TopicExecutor:
             # Its own thread: it waits for what the others have in flight, which may be queued
             # in this pool behind it.
             self.quarantine.enter()
-            threading.Thread(target=self._fire_quarantined, args=(slot, jobs),
-                             name=f"suspect-{self.spec.name}", daemon=True).start()  # fmt: skip
+            threading.Thread(
+                target=self._fire_quarantined,
+                args=(slot, jobs),
+                name=f"suspect-{self.spec.name}",
+                daemon=True,
+            ).start()
             return
         calls = [[pair] for pair in jobs] if self.spec.type == "http" else _chunks(jobs)
         for chunk in calls:
@@ -210,6 +208,16 @@ class TopicExecutor:
         """In flight and not held (under ``_lock``; the held count is read without its lock)."""
         return self._in_flight - len(self._held)
 
+    def firing(self) -> int:
+        """How many jobs are in flight and not held (what a suspect waits for)."""
+        with self._lock:
+            return self._firing()
+
+    def wait_firing(self, at_most: int, timeout_s: float) -> None:
+        """Block until at most ``at_most`` jobs are firing, or ``timeout_s`` passed."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._firing() <= at_most, timeout=timeout_s)
+
     def _hold_loop(self) -> None:
         while True:
             with self._held_cv:
@@ -233,8 +241,9 @@ class TopicExecutor:
                 try:
                     self._release(slot, entries)
                 except Exception:  # the timer must live on: give them back, due as they were
-                    logger.exception("firing %d held jobs of %s failed", len(entries),
-                                     self.spec.name)  # fmt: skip
+                    logger.exception(
+                        "firing %d held jobs of %s failed", len(entries), self.spec.name
+                    )
                     self._give_back(slot, entries)
             close_old_connections()
 
@@ -244,8 +253,11 @@ class TopicExecutor:
         try:
             queue.unclaim(self.spec.name, slot, entries)
         except Exception:
-            logger.exception("giving back %d held jobs of %s failed (the reaper brings them "
-                             "back)", len(entries), self.spec.name)  # fmt: skip
+            logger.exception(
+                "giving back %d held jobs of %s failed (the reaper brings them back)",
+                len(entries),
+                self.spec.name,
+            )
 
     def give_back_held(self, *, why: str = "at shutdown", level: int = logging.WARNING) -> None:
         """Everything still held goes back to store, due as it was (closing: the timer then
@@ -255,10 +267,15 @@ class TopicExecutor:
             self._heap.clear()
             self._held_cv.notify()
         for slot, entries in left.items():
-            logger.log(level, "%d held jobs of %s given back %s, due as they were",
-                       len(entries), self.spec.name, why)  # fmt: skip
+            logger.log(
+                level,
+                "%d held jobs of %s given back %s, due as they were",
+                len(entries),
+                self.spec.name,
+                why,
+            )
             self._give_back(slot, entries)
-            self._untake(len(entries))
+            self._count_out(len(entries))
 
     def _pop_due(self, now_ms: float) -> dict[int, list[Claimed]]:
         """The held entries due by ``now_ms`` (replaced copies dropped), by slot; under the lock."""
@@ -278,17 +295,21 @@ class TopicExecutor:
             jobs = self._take(self.spec, slot, entries)
         except Exception:  # left in flight: reaped after the visibility timeout, not lost
             logger.exception("taking %d held jobs of %s failed", len(entries), self.spec.name)
-        self._untake(len(entries) - len(jobs))
+        self._count_out(len(entries) - len(jobs))
         try:
             self._submit_counted(slot, jobs, suspect=False)
         except RuntimeError:  # the pool was shut down under us (a close that gave up waiting)
-            logger.warning("%d taken jobs of %s not fired: the executor closed (reaped and "
-                           "fired again after their visibility timeout)", len(jobs),
-                           self.spec.name)  # fmt: skip
-            self._untake(len(jobs))
+            logger.warning(
+                "%d taken jobs of %s not fired: the executor closed (reaped and "
+                "fired again after their visibility timeout)",
+                len(jobs),
+                self.spec.name,
+            )
+            self._count_out(len(jobs))
 
-    def _untake(self, n: int) -> None:
-        """``n`` entries left this executor without firing (refused, replaced or failed)."""
+    def _count_out(self, n: int) -> None:
+        """``n`` entries left this executor: settled, or not fired (refused, replaced or
+        failed); a full batch that fits again wakes the dispatcher (``on_room``)."""
         if n <= 0:
             return
         with self._lock:
@@ -357,13 +378,7 @@ class TopicExecutor:
             logger.exception("settling %d jobs of %s failed", len(fired), self.spec.name)
             close_old_connections()
         finally:
-            with self._lock:
-                was_full = self.capacity - self._in_flight < self.batch_size
-                self._in_flight -= len(fired)
-                room_again = was_full and self.capacity - self._in_flight >= self.batch_size
-                self._lock.notify_all()
-            if room_again and self.on_room is not None:
-                self.on_room()
+            self._count_out(len(fired))
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -391,8 +406,11 @@ class TopicExecutor:
         # still stops (``run_reminder_worker`` leaves such threads behind).
         drained = self.wait_idle(self.spec.timeout_ms / 1000 * QUEUE_DEPTH + 5) if wait else False
         if wait and not drained:
-            logger.warning("%s: %d jobs still firing at close; left to the reaper",
-                           self.spec.name, self.in_flight)  # fmt: skip
+            logger.warning(
+                "%s: %d jobs still firing at close; left to the reaper",
+                self.spec.name,
+                self.in_flight,
+            )
         if self._pool is not None:
             self._pool.shutdown(wait=drained, cancel_futures=not drained)
         if self._settler is not None:
@@ -401,144 +419,6 @@ class TopicExecutor:
                 self._settler.join(timeout=5)
         if self._session is not None:
             self._session.close()
-
-
-class Quarantine:
-    """Process-wide: while a suspect is in quarantine, every executor of the process takes no
-    new work; the suspect fires once what the others had in flight has settled and what they
-    held has gone back to store, so a pill that kills the process takes nothing else with it
-    (what it would take comes back a suspect, an attempt spent)."""
-
-    TIMEOUT_S = 60  # a suspect waits no longer for the others (a call stuck past its timeout)
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._count = 0
-        self.executors: list[TopicExecutor] = []
-
-    @property
-    def active(self) -> bool:
-        return self._count > 0
-
-    def enter(self) -> None:
-        with self._lock:
-            self._count += 1
-
-    def leave(self) -> None:
-        with self._lock:
-            self._count -= 1
-
-    def wait_alone(self, own: TopicExecutor, own_jobs: int) -> None:
-        """Until the suspect's own jobs are all the process has claimed: what the executors have
-        in flight settled (held jobs wait meanwhile, at most their hold past their due time: see
-        ``_hold_loop``; one that fired meanwhile is waited for too), then what they still hold
-        given back to store. Nothing is claimed again while the quarantine lasts (``room``), so
-        nothing can be in flight beside the suspect from then until it settled."""
-        deadline = time.monotonic() + self.TIMEOUT_S
-        while True:
-            for executor in list(self.executors):
-                mine, left_s = own_jobs if executor is own else 0, deadline - time.monotonic()
-                with executor._lock:
-                    executor._lock.wait_for(lambda e=executor, n=mine: e._firing() <= n,
-                                            timeout=max(0.0, left_s))  # fmt: skip
-            for executor in list(self.executors):
-                executor.give_back_held(why="while a suspect fires alone", level=logging.INFO)
-            if self._alone(own, own_jobs) or time.monotonic() >= deadline:
-                return
-
-    def _alone(self, own: TopicExecutor, own_jobs: int) -> bool:
-        for executor in list(self.executors):
-            with executor._lock:
-                if executor._firing() > (own_jobs if executor is own else 0):
-                    return False
-        return True
-
-
-class TopicExecutors:
-    """The executors of one worker process, one per generic topic, rebuilt when its spec
-    changes (the old one finishes and settles what it holds, in the background)."""
-
-    def __init__(
-        self,
-        *,
-        fire: FireBatch,
-        settle: Settle,
-        inline: bool = False,
-        take: Take | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        self._fire = fire
-        self._settle = settle
-        self._take = take  # None: nothing is held (every entry is taken when claimed)
-        self.clock = clock or epoch_ms
-        self.inline = inline
-        self.on_room: Callable[[], None] | None = None  # set by the worker: Dispatcher.wake
-        self.quarantine = Quarantine()
-        self._by_topic: dict[str, TopicExecutor] = {}
-        self._retiring: set[TopicExecutor] = set()  # closing in the background, still firing
-        self._members_lock = threading.Lock()
-        self._retired_counts: dict[str, int] = {}
-
-    def sync(self, specs: dict[str, TimeoutTopicSpec]) -> None:
-        for name in list(self._by_topic):
-            if name not in specs:
-                self._retire(self._by_topic.pop(name))
-        for name, spec in specs.items():
-            current = self._by_topic.get(name)
-            if current is not None and current.spec == spec:
-                continue
-            if current is not None:
-                self._retire(current)
-            self._by_topic[name] = TopicExecutor(
-                spec, fire=self._fire, settle=self._settle, inline=self.inline,
-                quarantine=self.quarantine, on_room=lambda: self.on_room and self.on_room(),
-                take=self._take, clock=self.clock,
-            )  # fmt: skip
-        self._quarantine_members()
-
-    def _quarantine_members(self) -> None:
-        """A suspect waits for every executor of the process, the retiring ones too."""
-        with self._members_lock:
-            self.quarantine.executors = [*self._by_topic.values(), *self._retiring]
-
-    def _retire(self, executor: TopicExecutor) -> None:
-        for name, n in executor.counts.items():  # what it settles from now on is not counted
-            self._retired_counts[name] = self._retired_counts.get(name, 0) + n
-        if executor.inline:
-            return
-
-        def close() -> None:
-            try:
-                executor.close()
-            finally:
-                self._retiring.discard(executor)
-                self._quarantine_members()
-
-        self._retiring.add(executor)
-        threading.Thread(target=close, name=f"retire-{executor.spec.name}", daemon=True).start()
-
-    def get(self, topic: str) -> TopicExecutor | None:
-        return self._by_topic.get(topic)
-
-    def load(self) -> dict[str, list[int]]:
-        """Per topic: [jobs in flight, capacity]."""
-        return {name: [e.in_flight, e.capacity] for name, e in list(self._by_topic.items())}
-
-    def counts(self) -> dict[str, int]:
-        """Totals over this process's executors (retired ones included)."""
-        total = dict(self._retired_counts)
-        for executor in list(self._by_topic.values()):
-            for name, n in executor.counts.items():
-                total[name] = total.get(name, 0) + n
-        return total
-
-    def wait_idle(self, timeout_s: float) -> bool:
-        return all(e.wait_idle(timeout_s) for e in list(self._by_topic.values()))
-
-    def close(self) -> None:
-        for executor in list(self._by_topic.values()):
-            executor.close(wait=True)
-        self._by_topic.clear()
 
 
 def _chunks(jobs: list, size: int = BATCH_JOBS) -> list[list]:

@@ -18,6 +18,7 @@ from django.conf import settings
 from reminders.engine import rates
 from reminders.engine import topics as engine_topics
 from reminders.engine.dispatcher import wall_ms
+from reminders.engine.knobs import knob_values
 from reminders.engine.topics import EngineSettings, Topic, TopicSettings
 from reminders.handlers.coupon_reminders import reminder_topics
 from reminders.handlers.executors import Clock, TopicExecutors
@@ -76,12 +77,8 @@ class GenericTopics:
                     handler=partial(timeout_jobs_handle, name, executors=self.executors),
                     pass_slot=True,
                     on_dead=partial(timeout_jobs_dead, name),
-                    slots=spec.slots,
-                    max_attempts=spec.max_attempts,
-                    visibility_ms=spec.visibility_ms,
-                    backoff_base_ms=spec.backoff_base_ms,
-                    backoff_cap_ms=spec.backoff_cap_ms,
                     batch_size=executor.batch_size,
+                    **knob_values(spec),
                 )
             )
             logger.info("timeout topic %s %s", name, "changed" if name in self._specs else "ready")

@@ -18,8 +18,8 @@ from couponcenter.core.durations import MaxDurationValidator, MinDurationValidat
 from couponcenter.core.live_settings import LiveSettings
 from reminders.engine import knobs
 from reminders.engine.knobs import Knob
-from reminders.engine.topics import TopicSettings
-from reminders.topic_specs import (
+from reminders.engine.topic_model import TopicSettings
+from reminders.timeout_topic_rules import (
     CONCURRENCY,
     RATE_LIMIT_PER_S,
     TIMEOUT_MS,
@@ -114,11 +114,11 @@ def _within_attribute_max(value: int) -> None:
 
 class TimeoutTopic(models.Model):
     """A generic timeout topic kept as data: workers and the API pick up a new or changed row
-    while they run (``selectors.topics``). Topics in ``settings.TIMEOUT_TOPICS`` are read-only
-    and win a name clash.
+    while they run (``selectors.timeout_topics``). Topics in ``settings.TIMEOUT_TOPICS`` are
+    read-only and win a name clash.
 
     The bounds live here, so the admin and the staff API refuse the same values; the knobs'
-    fields are derived from their one definition (``topic_specs.TIMEOUT_TOPIC_KNOBS``).
+    fields are derived from their one definition (``timeout_topic_rules.TIMEOUT_TOPIC_KNOBS``).
     """
 
     class Type(models.TextChoices):
@@ -166,7 +166,7 @@ class TimeoutTopic(models.Model):
     )  # fmt: skip
     paused = models.BooleanField(default=False, help_text="Due jobs wait in Redis while paused.")
     # An owner is protected: a topic whose owner went would be staff-only, and its callers
-    # would lose it without a word (``selectors.topics.topic_usable_by``).
+    # would lose it without a word (``selectors.timeout_topics.topic_usable_by``).
     owner_user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,

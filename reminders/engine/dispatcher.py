@@ -30,7 +30,7 @@ import redis
 from . import leases, queue
 from .connection import Client
 from .scripts import Claimed, LeaseLost, Parcel
-from .topics import (
+from .topic_model import (
     HANDED_ON,
     OK,
     ConfigProvider,

@@ -27,7 +27,7 @@ from reminders import metrics
 from reminders.engine import queue
 from reminders.engine.knobs import knob_values
 from reminders.engine.scripts import Parcel
-from reminders.engine.topics import HANDED_ON, Result, Topic
+from reminders.engine.topic_model import HANDED_ON, Result, Topic
 from reminders.members import REMINDER_TOPIC, REMINDER_TOPIC_HIGH
 from reminders.selectors import reminder_settings_get
 from reminders.services.delivery import reminders_dead, reminders_retry_parcels

@@ -30,15 +30,15 @@ from reminders.alerts import raise_alert
 from reminders.engine import queue
 from reminders.engine.queue import epoch_ms as queue_epoch_ms
 from reminders.engine.scripts import Claimed
-from reminders.engine.topics import DROP, HANDED_ON, Result, Retry
+from reminders.engine.topic_model import DROP, HANDED_ON, Result, Retry
 from reminders.handlers.executors import Fired
 from reminders.models import TimeoutJob
-from reminders.selectors.topics import TimeoutTopicSpec
 from reminders.services.timeouts import (
     HISTORY_APPEND,
     timeout_jobs_next_occurrences,
     timeout_jobs_next_times,
 )
+from reminders.timeout_topic_rules import TimeoutTopicSpec
 
 if TYPE_CHECKING:
     from reminders.runtime.executors import TopicExecutors

@@ -32,9 +32,9 @@ from reminders import recurrence
 from reminders.engine import queue
 from reminders.engine.keys import slot_for
 from reminders.models import TimeoutJob
-from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
+from reminders.selectors.timeout_topics import timeout_topic_spec, timeout_topic_specs
 from reminders.services.quotas import quota_attributes_check, quota_creations_take
-from reminders.topic_specs import slot_basis
+from reminders.timeout_topic_rules import slot_basis
 
 REINDEX_CHUNK = 5000
 logger = logging.getLogger(__name__)

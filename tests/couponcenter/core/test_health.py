@@ -13,7 +13,7 @@ import pytest
 from couponcenter.bench.http import free_port
 from reminders.engine import leases, queue
 from reminders.engine.dispatcher import Dispatcher, wall_ms
-from reminders.engine.topics import OK, EngineSettings, Topic
+from reminders.engine.topic_model import OK, EngineSettings, Topic
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ import pytest
 from reminders.engine import queue, scripts
 from reminders.engine.dispatcher import Dispatcher, wall_ms
 from reminders.engine.keys import slot_for, slot_keys
-from reminders.engine.topics import OK, Topic
+from reminders.engine.topic_model import OK, Topic
 
 pytestmark = pytest.mark.cluster
 T = "coupon.reminder"

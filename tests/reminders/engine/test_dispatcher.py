@@ -9,7 +9,7 @@ import pytest
 from reminders.engine import leases, queue
 from reminders.engine.dispatcher import Dispatcher, wall_ms
 from reminders.engine.keys import slot_for
-from reminders.engine.topics import (
+from reminders.engine.topic_model import (
     DROP,
     HANDED_ON,
     OK,

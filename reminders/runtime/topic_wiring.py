@@ -15,11 +15,10 @@ from functools import partial
 
 from django.conf import settings
 
-from reminders.engine import rates
-from reminders.engine import topics as engine_topics
+from reminders.engine import rates, topic_model
 from reminders.engine.dispatcher import wall_ms
 from reminders.engine.knobs import knob_values
-from reminders.engine.topics import EngineSettings, Topic, TopicSettings
+from reminders.engine.topic_model import EngineSettings, Topic, TopicSettings
 from reminders.handlers.coupon_reminders import reminder_topics
 from reminders.handlers.executors import Clock, TopicExecutors
 from reminders.handlers.timeout_jobs import (
@@ -31,7 +30,8 @@ from reminders.handlers.timeout_jobs import (
 )
 from reminders.members import REMINDER_TOPICS
 from reminders.selectors import reminder_settings_get
-from reminders.selectors.topics import TimeoutTopicSpec, timeout_topic_specs
+from reminders.selectors.timeout_topics import timeout_topic_specs
+from reminders.timeout_topic_rules import TimeoutTopicSpec
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class GenericTopics:
 
     def _apply(self, specs: dict[str, TimeoutTopicSpec]) -> None:
         for name in set(self._topics) - set(specs):
-            engine_topics.unregister_topic(name)
+            topic_model.unregister_topic(name)
             del self._topics[name]
             logger.info("timeout topic %s removed", name)
         self.executors.sync(specs)
@@ -71,7 +71,7 @@ class GenericTopics:
                 continue
             executor = self.executors.get(name)
             assert executor is not None
-            self._topics[name] = engine_topics.register_topic(
+            self._topics[name] = topic_model.register_topic(
                 Topic(
                     name=name,
                     handler=partial(timeout_jobs_handle, name, executors=self.executors),
@@ -128,7 +128,7 @@ class ClaimBudget:
 
 def builtin_topics(names: set[str] | None = None) -> list[Topic]:
     """The reminder topics, registered with the engine."""
-    topics = [engine_topics.register_topic(topic) for topic in reminder_topics()]
+    topics = [topic_model.register_topic(topic) for topic in reminder_topics()]
     return [t for t in topics if names is None or t.name in names]
 
 

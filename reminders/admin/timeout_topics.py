@@ -9,7 +9,7 @@ from couponcenter.core.errors import BusinessError
 from reminders.engine.knobs import TOPIC_KNOBS
 from reminders.models import TimeoutTopic
 from reminders.services import timeout_topic_delete, timeout_topic_save
-from reminders.topic_specs import FIRING_KNOBS, TIMEOUT_TOPIC_KNOBS
+from reminders.timeout_topic_rules import FIRING_KNOBS, TIMEOUT_TOPIC_KNOBS
 
 
 class TimeoutTopicForm(forms.ModelForm):

@@ -20,8 +20,8 @@ from couponcenter.core.api.errors import conflict_serializer, error_responses
 from couponcenter.core.api.permissions import staff_permissions
 from reminders import services
 from reminders.models import TimeoutTopic
-from reminders.selectors.topics import TimeoutTopicSpec, timeout_topic_specs
-from reminders.topic_specs import TIMEOUT_TOPIC_KNOBS
+from reminders.selectors.timeout_topics import timeout_topic_specs
+from reminders.timeout_topic_rules import TIMEOUT_TOPIC_KNOBS, TimeoutTopicSpec
 
 VIEW = "reminders.view_timeouttopic"
 IN_USE = conflict_serializer("TimeoutTopicInUse", ["topic_in_use"])

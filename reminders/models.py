@@ -158,12 +158,14 @@ class TimeoutTopic(models.Model):
         max_length=70,
         blank=True,
         validators=[
-            RegexValidator(r"^(biz_type|attribute\.[A-Za-z0-9_]{1,60})?$",
-                           "empty, biz_type or attribute.<name>")
+            RegexValidator(
+                r"^(biz_type|attribute\.[A-Za-z0-9_]{1,60})?$",
+                "empty, biz_type or attribute.<name>",
+            )
         ],
         help_text="Share each claim fairly between the values of this key (biz_type or "
         "attribute.<name>), so one flooding key does not starve the others.",
-    )  # fmt: skip
+    )
     paused = models.BooleanField(default=False, help_text="Due jobs wait in Redis while paused.")
     # An owner is protected: a topic whose owner went would be staff-only, and its callers
     # would lose it without a word (``selectors.timeout_topics.topic_usable_by``).

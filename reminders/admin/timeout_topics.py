@@ -42,9 +42,19 @@ class TimeoutTopicForm(forms.ModelForm):
 @admin.register(TimeoutTopic)
 class TimeoutTopicAdmin(admin.ModelAdmin):
     form = TimeoutTopicForm
-    list_display = ["name", "type", "target", "slots", "concurrency", "timeout_ms",
-                    "rate_limit_per_s", "fair_key", "paused", "owner_user",
-                    "owner_group"]  # fmt: skip
+    list_display = [
+        "name",
+        "type",
+        "target",
+        "slots",
+        "concurrency",
+        "timeout_ms",
+        "rate_limit_per_s",
+        "fair_key",
+        "paused",
+        "owner_user",
+        "owner_group",
+    ]
     list_filter = ["type", "paused"]
     search_fields = ["name"]
     actions = ["pause", "resume"]

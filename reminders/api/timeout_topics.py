@@ -86,11 +86,18 @@ def _save(topic: TimeoutTopic, changes: dict) -> TimeoutTopic:
 
 EXAMPLE = OpenApiExample(
     "Close unpaid orders",
-    value={"name": "order.close", "type": "http", "target": "https://orders.example.com/timeouts",
-           "secret": "<at least 32 bytes>", "concurrency": 16, "timeout_ms": 2000,
-           "rate_limit_per_s": 500, "fair_key": "attribute.tenant"},
+    value={
+        "name": "order.close",
+        "type": "http",
+        "target": "https://orders.example.com/timeouts",
+        "secret": "<at least 32 bytes>",
+        "concurrency": 16,
+        "timeout_ms": 2000,
+        "rate_limit_per_s": 500,
+        "fair_key": "attribute.tenant",
+    },
     request_only=True,
-)  # fmt: skip
+)
 
 
 class TopicListApi(APIView):

@@ -44,9 +44,12 @@ class GenericTopics:
     ) -> None:
         self.names = names
         self.executors = TopicExecutors(
-            fire=fire_jobs, settle=settle_fired, inline=inline, clock=clock,
+            fire=fire_jobs,
+            settle=settle_fired,
+            inline=inline,
+            clock=clock,
             take=None if inline or not settings.TIMEOUT_HOLD_MS else timeout_jobs_take,
-        )  # fmt: skip
+        )
         self._specs: dict[str, TimeoutTopicSpec] = {}
         self._topics: dict[str, Topic] = {}
 
@@ -86,10 +89,13 @@ class GenericTopics:
 
     def settings(self) -> dict[str, TopicSettings]:
         return {
-            name: replace(topic.defaults(), paused=self._specs[name].paused,
-                          lookahead_ms=self._lookahead_ms(self._specs[name]))
+            name: replace(
+                topic.defaults(),
+                paused=self._specs[name].paused,
+                lookahead_ms=self._lookahead_ms(self._specs[name]),
+            )
             for name, topic in self._topics.items()
-        }  # fmt: skip
+        }
 
     def _lookahead_ms(self, spec: TimeoutTopicSpec) -> int:
         """How early the topic's jobs are claimed and held (``TIMEOUT_HOLD_MS``): never more

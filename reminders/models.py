@@ -17,7 +17,7 @@ from django.utils import timezone
 from couponcenter.core.durations import MaxDurationValidator, MinDurationValidator
 from couponcenter.core.live_settings import LiveSettings
 from reminders.engine import knobs
-from reminders.engine.knobs import Knob
+from reminders.engine.knobs import Knob, is_power_of_two
 from reminders.engine.topic_model import TopicSettings
 from reminders.timeout_topic_rules import (
     CONCURRENCY,
@@ -90,7 +90,7 @@ class TimeoutJob(models.Model):
 
 
 def _power_of_two(value: int) -> None:
-    if value < 1 or value & (value - 1):
+    if not is_power_of_two(value):
         raise ValidationError(f"{value} is not a power of two (1, 2, 4, 8, ...).")
 
 

@@ -21,6 +21,7 @@ from reminders.engine.knobs import (
     TOPIC_KNOBS,
     VISIBILITY_MS,
     Knob,
+    is_power_of_two,
     knob_values,
 )
 from reminders.members import REMINDER_TOPICS
@@ -101,7 +102,7 @@ def spec_problems(spec: TimeoutTopicSpec, *, secret_what: str = "the secret") ->
         problems["type"] = f"must be one of {sorted(TOPIC_TYPES)}"
     if spec.name in REMINDER_TOPICS:
         problems["name"] = f"{spec.name} is built in"
-    if spec.slots < 1 or spec.slots & (spec.slots - 1):
+    if not is_power_of_two(spec.slots):
         problems["slots"] = "must be a power of two (1, 2, 4, ...)"
     if spec.type == "http":
         scheme = urlsplit(spec.url).scheme.lower()

@@ -67,6 +67,11 @@ VISIBILITY_MS = Knob(
 TOPIC_KNOBS = (SLOTS, MAX_ATTEMPTS, BACKOFF_BASE_MS, BACKOFF_CAP_MS, VISIBILITY_MS)
 
 
+def is_power_of_two(value: int) -> bool:
+    """The rule of every slot count: a job's slot is its hash masked by ``slots - 1``."""
+    return value >= 1 and value & (value - 1) == 0
+
+
 def knob_values(source: object, knobs: Sequence[Knob] = TOPIC_KNOBS) -> dict[str, int]:
     """``source``'s value of each knob, by name: a spec's or a row's, handed on whole."""
     return {knob.name: getattr(source, knob.name) for knob in knobs}

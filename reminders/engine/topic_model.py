@@ -23,6 +23,7 @@ from .knobs import (
     MAX_ATTEMPTS_LIMIT,
     SLOTS,
     VISIBILITY_MS,
+    is_power_of_two,
 )
 
 
@@ -57,7 +58,7 @@ Handler = Callable[..., Sequence[Result] | Mapping[str, Result] | Result]
 
 
 def check_slots(slots: int) -> int:
-    if not isinstance(slots, int) or slots < 1 or slots & (slots - 1):
+    if not isinstance(slots, int) or not is_power_of_two(slots):
         raise ValueError(f"slot count must be a power of two (1, 2, 4, ...), got {slots!r}")
     return slots
 

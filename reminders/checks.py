@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from couponcenter.core.webhooks import secret_problem
-from reminders.selectors.topics import settings_topic_specs
+from reminders.selectors.timeout_topics import settings_topic_specs
 
 
 def config_errors() -> list[str]:

@@ -16,8 +16,16 @@ from django.utils import timezone
 
 from couponcenter.core.durations import MaxDurationValidator, MinDurationValidator
 from couponcenter.core.live_settings import LiveSettings
-from reminders.engine.topics import TopicSettings
-from reminders.topic_specs import spec_from_topic, spec_problems
+from reminders.engine import knobs
+from reminders.engine.knobs import Knob, is_power_of_two
+from reminders.engine.topic_model import TopicSettings
+from reminders.timeout_topic_rules import (
+    CONCURRENCY,
+    RATE_LIMIT_PER_S,
+    TIMEOUT_MS,
+    spec_from_topic,
+    spec_problems,
+)
 
 # A failed reminder's retries wait at most this long (or the base backoff, if that is longer).
 BACKOFF_CAP_MS = 300_000
@@ -82,8 +90,18 @@ class TimeoutJob(models.Model):
 
 
 def _power_of_two(value: int) -> None:
-    if value < 1 or value & (value - 1):
+    if not is_power_of_two(value):
         raise ValidationError(f"{value} is not a power of two (1, 2, 4, 8, ...).")
+
+
+def _knob_field(knob: Knob) -> models.PositiveIntegerField:
+    """A topic's knob as a model field: its default, its range and its help text."""
+    validators = [MinValueValidator(knob.low), MaxValueValidator(knob.high)]
+    if knob.power_of_two:
+        validators.append(_power_of_two)
+    return models.PositiveIntegerField(
+        default=knob.default, validators=validators, help_text=knob.help
+    )
 
 
 def _within_attribute_max(value: int) -> None:
@@ -96,10 +114,11 @@ def _within_attribute_max(value: int) -> None:
 
 class TimeoutTopic(models.Model):
     """A generic timeout topic kept as data: workers and the API pick up a new or changed row
-    while they run (``selectors.topics``). Topics in ``settings.TIMEOUT_TOPICS`` are read-only
-    and win a name clash.
+    while they run (``selectors.timeout_topics``). Topics in ``settings.TIMEOUT_TOPICS`` are
+    read-only and win a name clash.
 
-    The bounds live here, so the admin and the staff API refuse the same values.
+    The bounds live here, so the admin and the staff API refuse the same values; the knobs'
+    fields are derived from their one definition (``timeout_topic_rules.TIMEOUT_TOPIC_KNOBS``).
     """
 
     class Type(models.TextChoices):
@@ -127,53 +146,29 @@ class TimeoutTopic(models.Model):
     allow_http = models.BooleanField(
         default=False, help_text="Allow a plain-HTTP URL (https only otherwise)."
     )
-    slots = models.PositiveIntegerField(
-        default=8,
-        validators=[MinValueValidator(1), MaxValueValidator(1024), _power_of_two],
-        help_text="Engine slots (a power of two); a change moves every job, losing none.",
-    )
-    max_attempts = models.PositiveIntegerField(
-        default=16, validators=[MinValueValidator(1), MaxValueValidator(999)]
-    )
-    backoff_base_ms = models.PositiveIntegerField(
-        default=1_000, validators=[MinValueValidator(1), MaxValueValidator(3_600_000)]
-    )
-    backoff_cap_ms = models.PositiveIntegerField(
-        default=300_000, validators=[MinValueValidator(1), MaxValueValidator(86_400_000)]
-    )
-    visibility_ms = models.PositiveIntegerField(
-        default=30_000,
-        validators=[MinValueValidator(1_000), MaxValueValidator(3_600_000)],
-        help_text="A job in flight longer than this is taken back and retried.",
-    )
-    concurrency = models.PositiveIntegerField(
-        default=8,
-        validators=[MinValueValidator(1), MaxValueValidator(256)],
-        help_text="Jobs (http) or batches fired at once by each worker.",
-    )
-    timeout_ms = models.PositiveIntegerField(
-        default=5_000,
-        validators=[MinValueValidator(100), MaxValueValidator(120_000)],
-        help_text="How long one call may take before it counts as failed.",
-    )
-    rate_limit_per_s = models.PositiveIntegerField(
-        default=0,
-        validators=[MaxValueValidator(1_000_000)],
-        help_text="Jobs fired per second across all workers (0: no limit).",
-    )
+    slots = _knob_field(knobs.SLOTS)
+    max_attempts = _knob_field(knobs.MAX_ATTEMPTS)
+    backoff_base_ms = _knob_field(knobs.BACKOFF_BASE_MS)
+    backoff_cap_ms = _knob_field(knobs.BACKOFF_CAP_MS)
+    visibility_ms = _knob_field(knobs.VISIBILITY_MS)
+    concurrency = _knob_field(CONCURRENCY)
+    timeout_ms = _knob_field(TIMEOUT_MS)
+    rate_limit_per_s = _knob_field(RATE_LIMIT_PER_S)
     fair_key = models.CharField(
         max_length=70,
         blank=True,
         validators=[
-            RegexValidator(r"^(biz_type|attribute\.[A-Za-z0-9_]{1,60})?$",
-                           "empty, biz_type or attribute.<name>")
+            RegexValidator(
+                r"^(biz_type|attribute\.[A-Za-z0-9_]{1,60})?$",
+                "empty, biz_type or attribute.<name>",
+            )
         ],
         help_text="Share each claim fairly between the values of this key (biz_type or "
         "attribute.<name>), so one flooding key does not starve the others.",
-    )  # fmt: skip
+    )
     paused = models.BooleanField(default=False, help_text="Due jobs wait in Redis while paused.")
     # An owner is protected: a topic whose owner went would be staff-only, and its callers
-    # would lose it without a word (``selectors.topics.topic_usable_by``).
+    # would lose it without a word (``selectors.timeout_topics.topic_usable_by``).
     owner_user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,

@@ -2,7 +2,7 @@
 
 - ``domain``: subscriptions, timeout jobs, notifications (built for tens of millions of rows);
 - ``config``: the live ``ReminderSettings`` row, with which running workers picked it up;
-- ``topics``: generic timeout topics kept as data;
+- ``timeout_topics``: generic timeout topics kept as data;
 - ``dead_letters``: the engine's dead queues as an unmanaged model (as django-rq does for queues);
 - and the "subscribed" count on a coupon's change page (``register_coupon_count``).
 
@@ -13,7 +13,7 @@ operations console over every app is ``couponcenter.ops``.
 from couponcenter.coupons.admin import register_coupon_count
 from reminders.selectors import subscription_scheduled_count
 
-from . import config, dead_letters, domain, topics  # noqa: F401  (registers the admins)
+from . import config, dead_letters, domain, timeout_topics  # noqa: F401  (registers the admins)
 
 register_coupon_count(
     "subscribed",

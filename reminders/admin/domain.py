@@ -15,7 +15,7 @@ from reminders.engine import queue
 from reminders.models import Notification, ReminderSubscription, TimeoutJob
 from reminders.selectors import timeout_job_attribute_text
 from reminders.selectors.queues import ms_to_datetime
-from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
+from reminders.selectors.timeout_topics import timeout_topic_spec, timeout_topic_specs
 from reminders.services import (
     timeout_job_cancel,
     timeout_job_end,

@@ -24,7 +24,11 @@ from couponcenter.core.api.permissions import staff_permissions
 from couponcenter.core.time import EARLIEST_TIME, LATEST_TIME
 from reminders import attributes, recurrence, selectors, services
 from reminders.models import TimeoutJob
-from reminders.selectors.topics import timeout_topic_spec, timeout_topics_for, topic_usable_by
+from reminders.selectors.timeout_topics import (
+    timeout_topic_spec,
+    timeout_topics_for,
+    topic_usable_by,
+)
 from reminders.services.timeouts_bulk import BULK_MAX
 
 # One component per set of 409 codes, shared by every operation that answers it.

@@ -1,13 +1,13 @@
 from django.urls import path
 
 from couponcenter.core.api import converters  # noqa: F401  (registers the "id" path converter)
-from reminders.api import notifications, subscriptions, timeouts, topics
+from reminders.api import notifications, subscriptions, timeout_topics, timeouts
 
 urlpatterns = [
-    path("timeout-topics/", topics.TopicListApi.as_view(), name="timeout-topic-list"),
+    path("timeout-topics/", timeout_topics.TopicListApi.as_view(), name="timeout-topic-list"),
     path(
         "timeout-topics/<str:name>/",
-        topics.TopicDetailApi.as_view(),
+        timeout_topics.TopicDetailApi.as_view(),
         name="timeout-topic-detail",
     ),
     path("timeouts/", timeouts.TimeoutJobListCreateApi.as_view(), name="timeout-list"),

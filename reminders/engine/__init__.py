@@ -67,7 +67,7 @@ from .queue import (
     stats,
 )
 from .scripts import Claimed, EngineError, LeaseLost, Parcel
-from .topics import (
+from .topic_model import (
     DROP,
     HANDED_ON,
     OK,

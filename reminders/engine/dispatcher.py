@@ -33,7 +33,7 @@ from .clock import epoch_ms
 from .connection import Client
 from .maintenance import Maintenance
 from .scripts import Claimed, LeaseLost, Parcel
-from .topics import (
+from .topic_model import (
     HANDED_ON,
     OK,
     ConfigProvider,

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 from . import leases, queue
 from .connection import Client
-from .topics import EngineSettings, Topic, TopicSettings
+from .topic_model import EngineSettings, Topic, TopicSettings
 
 log = logging.getLogger("reminders.engine")
 

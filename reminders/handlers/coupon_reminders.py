@@ -25,8 +25,9 @@ from django.conf import settings
 from couponcenter.core.redis import broker_client
 from reminders import metrics
 from reminders.engine.clock import epoch_ms
+from reminders.engine.knobs import knob_values
 from reminders.engine.scripts import Parcel
-from reminders.engine.topics import HANDED_ON, Result, Topic
+from reminders.engine.topic_model import HANDED_ON, Result, Topic
 from reminders.members import REMINDER_TOPIC, REMINDER_TOPIC_HIGH
 from reminders.selectors import reminder_settings_get
 from reminders.services.delivery import reminders_dead, reminders_retry_parcels
@@ -46,12 +47,8 @@ def reminder_topics() -> list[Topic]:
             pass_slot=True,
             on_dead=partial(reminders_dead, name),
             priority=priority,
-            slots=live.slots,
-            max_attempts=live.max_attempts,
-            visibility_ms=live.visibility_ms,
             batch_size=live.batch_size,
-            backoff_base_ms=live.backoff_base_ms,
-            backoff_cap_ms=live.backoff_cap_ms,
+            **knob_values(live),
             needs_due=False,  # due times come from the database rows at delivery
             isolate_suspects=False,  # entries are handed on; delivery runs in Celery
             parcels=True,  # a claimed batch travels as one in-flight entry and one string

@@ -31,15 +31,15 @@ from reminders.alerts import raise_alert
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
-from reminders.engine.topics import DROP, HANDED_ON, Result, Retry
+from reminders.engine.topic_model import DROP, HANDED_ON, Result, Retry
 from reminders.models import TimeoutJob
-from reminders.selectors.topics import TimeoutTopicSpec
 from reminders.services.firing import (
     timeout_jobs_mark_dead,
     timeout_jobs_next_times,
     timeout_jobs_settle,
     timeout_jobs_take_rows,
 )
+from reminders.timeout_topic_rules import TimeoutTopicSpec
 
 logger = logging.getLogger(__name__)
 BUSY = "its row is locked by another transaction"

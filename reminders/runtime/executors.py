@@ -9,7 +9,7 @@ from collections.abc import Callable
 from reminders.engine.clock import epoch_ms
 from reminders.runtime.quarantine import Quarantine
 from reminders.runtime.topic_executor import Clock, FireBatch, Settle, Take, TopicExecutor
-from reminders.selectors.topics import TimeoutTopicSpec
+from reminders.timeout_topic_rules import TimeoutTopicSpec
 
 
 class TopicExecutors:

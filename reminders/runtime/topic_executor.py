@@ -49,11 +49,11 @@ from reminders.engine.scripts import Claimed
 from reminders.handlers.timeout_jobs import Fired
 from reminders.models import TimeoutJob
 from reminders.runtime.quarantine import Quarantine
-from reminders.selectors.topics import TimeoutTopicSpec
+from reminders.timeout_topic_rules import TimeoutTopicSpec
 
 logger = logging.getLogger(__name__)
 # Waiting work per unit of concurrency: enough to keep every call busy, little enough that a
-# job's wait stays well inside its visibility timeout (``topic_specs.VISIBILITY_CALLS``).
+# job's wait stays well inside its visibility timeout (``timeout_topic_rules.VISIBILITY_CALLS``).
 QUEUE_DEPTH = 2
 BATCH_JOBS = 500  # jobs per celery task or callable call
 SETTLE_MAX = 5000  # fired jobs settled per round of the settler

@@ -1,6 +1,6 @@
 """The reminder worker process: the engine's dispatch loop wired to Django.
 
-- config: ``ReminderSettings`` (read every tick, cached briefly) via ``runtime.topics``;
+- config: ``ReminderSettings`` (read every tick, cached briefly) via ``runtime.topic_wiring``;
 - housekeeping under a singleton lease (exactly one worker does it): the reconcile that rebuilds
   pending jobs due within ``RECONCILE_WINDOW_S`` from the database every ``RECONCILE_EVERY_S``, so
   a Redis restart or flush loses nothing, and removes the entries in that window whose row is
@@ -30,10 +30,10 @@ from couponcenter.core.redis import get_redis
 from reminders import metrics, services
 from reminders.engine import keys
 from reminders.engine.dispatcher import Dispatcher, Hooks
-from reminders.engine.topics import Topic
+from reminders.engine.topic_model import Topic
 from reminders.handlers.coupon_reminders import delivery_queue_depth
 from reminders.members import REMINDER_TOPICS
-from reminders.runtime.topics import (
+from reminders.runtime.topic_wiring import (
     ClaimBudget,
     GenericTopics,
     builtin_topics,

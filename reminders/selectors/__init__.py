@@ -25,7 +25,7 @@ def reminder_settings_get(*, max_age_s: float | None = None) -> ReminderSettings
 
 def reminder_settings_marker() -> Marker:
     """The change marker of the reminders' live configuration: the settings row and what follows
-    it (the timeout topics, ``selectors.topics``)."""
+    it (the timeout topics, ``selectors.timeout_topics``)."""
     return _settings.marker()
 
 

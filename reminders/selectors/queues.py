@@ -22,7 +22,7 @@ from reminders.engine.queue import SlotStats
 from reminders.members import REMINDER_TOPICS
 from reminders.models import ReminderSettings
 from reminders.selectors import reminder_settings_get
-from reminders.selectors.topics import timeout_topic_specs
+from reminders.selectors.timeout_topics import timeout_topic_specs
 
 CHART_MINUTES = 60
 # The p99 shown in the banner: the worst minute among the last few (a single quiet minute after a

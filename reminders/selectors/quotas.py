@@ -20,7 +20,7 @@ from reminders.engine import quotas
 from reminders.engine.clock import epoch_ms
 from reminders.models import ReminderSettings, TimeoutJob
 from reminders.selectors.queues import ms_to_datetime
-from reminders.selectors.topics import timeout_topic_specs
+from reminders.selectors.timeout_topics import timeout_topic_specs
 
 # "Near" a limit: at this share of it or more.
 NEAR_SHARE = 0.8

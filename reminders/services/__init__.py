@@ -12,6 +12,7 @@ from .subscriptions import (
     subscriptions_rebuild,
     subscriptions_reschedule_for_coupon,
 )
+from .timeout_topics import TopicInUse, timeout_topic_delete, timeout_topic_save
 from .timeouts import (
     TimeoutJobConflict,
     timeout_job_cancel,
@@ -22,7 +23,6 @@ from .timeouts import (
     timeout_jobs_rebuild,
 )
 from .timeouts_bulk import timeout_jobs_bulk_create
-from .topics import TopicInUse, timeout_topic_delete, timeout_topic_save
 
 __all__ = [
     "SubscribeRefused",

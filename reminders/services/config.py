@@ -26,6 +26,6 @@ def reminder_settings_save(*, instance: ReminderSettings) -> ReminderSettings:
 
 def reminder_settings_touch() -> None:
     """In the transaction of a write to the reminders' live configuration kept in other tables
-    (the timeout topics, ``selectors.topics``): moves the settings row's change marker with it,
-    so no process validates a request against what it kept from before."""
+    (the timeout topics, ``selectors.timeout_topics``): moves the settings row's change marker
+    with it, so no process validates a request against what it kept from before."""
     live_settings_touch(model=ReminderSettings)

@@ -27,7 +27,7 @@ from reminders import recurrence
 from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
 from reminders.models import TimeoutJob
-from reminders.selectors.topics import timeout_topic_specs
+from reminders.selectors.timeout_topics import timeout_topic_specs
 
 from .timeouts import HISTORY_APPEND, timeout_jobs_index_on_commit
 

@@ -22,7 +22,7 @@ from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPICS, try_sub_id_of
 from reminders.models import ReminderSubscription, TimeoutJob
 from reminders.selectors import reminder_settings_get
-from reminders.selectors.topics import timeout_topic_specs
+from reminders.selectors.timeout_topics import timeout_topic_specs
 
 QUIET_S = 60
 SCAN_LIMIT = 5000  # entries looked at per slot and pass

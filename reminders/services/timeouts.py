@@ -30,10 +30,14 @@ from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
 from reminders.models import TimeoutJob
-from reminders.selectors.topics import TimeoutTopicSpec, timeout_topic_spec, timeout_topic_specs
+from reminders.selectors.timeout_topics import (
+    TimeoutTopicSpec,
+    timeout_topic_spec,
+    timeout_topic_specs,
+)
 from reminders.services.indexing import rebuild_rows
 from reminders.services.quotas import quota_attributes_check, quota_creations_take
-from reminders.topic_specs import slot_basis
+from reminders.timeout_topic_rules import slot_basis
 
 logger = logging.getLogger(__name__)
 

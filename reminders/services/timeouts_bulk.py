@@ -27,7 +27,7 @@ from reminders.services.timeouts import (
     timeout_jobs_index_on_commit,
     topic_spec_or_error,
 )
-from reminders.topic_specs import slot_basis
+from reminders.timeout_topic_rules import slot_basis
 
 # Most jobs one bulk create may carry (one transaction, one INSERT per chunk).
 BULK_MAX = 10_000

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from couponcenter.coupons.bench.http import database_url, free_port
-from reminders.engine import topics as engine_topics
+from reminders.engine import topic_model
 from reminders.models import TimeoutJob
 from reminders.services import timeout_job_create
 from tests.e2e.conftest import _forget_broker_queue
@@ -253,4 +253,4 @@ def test_reminder_worker_finishes_the_batch_in_flight_on_sigterm(env, spawn, set
         assert processed() == 3, output(proc)  # the whole batch, not cut off mid-way
         assert took < STOP_BOUND_S
     finally:
-        engine_topics.unregister_topic("t.lifecycle")
+        topic_model.unregister_topic("t.lifecycle")

@@ -33,12 +33,12 @@ from rest_framework.authtoken.models import Token
 from couponcenter.core.webhooks import OutboundCallFailed, check_target, post_signed
 from couponcenter.coupons import services
 from couponcenter.coupons.models import Coupon
-from reminders.engine import topics as engine_topics
+from reminders.engine import topic_model
 from reminders.engine.clock import epoch_ms
 from reminders.gateways import WebhookGateway
 from reminders.models import ReminderSettings, TimeoutJob, TimeoutTopic
 from reminders.runtime.worker import build_worker
-from reminders.selectors.topics import settings_topic_specs
+from reminders.selectors.timeout_topics import settings_topic_specs
 from reminders.services import timeout_job_create, timeout_topic_save
 from tests.couponcenter.conftest import unique_address
 from tests.support.factories import api_user
@@ -100,7 +100,7 @@ def _fire_topic(name: str, url: str, **fields) -> TimeoutJob:
         worker.run_until_idle()
     finally:
         worker.shutdown()
-        engine_topics.unregister_topic(name)
+        topic_model.unregister_topic(name)
     job.refresh_from_db()
     return job
 

@@ -18,13 +18,13 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from reminders import recurrence
-from reminders.engine import topics as engine_topics
+from reminders.engine import topic_model
 from reminders.engine.scripts import Claimed
 from reminders.handlers import timeout_jobs
 from reminders.handlers.timeout_jobs import Fired
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.runtime.worker import build_worker
-from reminders.selectors.topics import timeout_topic_spec
+from reminders.selectors.timeout_topics import timeout_topic_spec
 from reminders.services import timeout_job_create, timeout_topic_save
 from reminders.services.firing import timeout_jobs_take_rows
 from tests.support.factories import api_user
@@ -38,7 +38,7 @@ TOPIC = "t.rules"
 def topic():
     row = timeout_topic_save(topic=TimeoutTopic(name=TOPIC), type="log", slots=2)
     yield row
-    engine_topics.unregister_topic(TOPIC)
+    topic_model.unregister_topic(TOPIC)
 
 
 @pytest.fixture
@@ -250,7 +250,7 @@ def test_a_suspect_whose_row_is_locked_does_not_stop_the_dispatch_loop():
         results = timeout_jobs.timeout_jobs_handle(
             TOPIC, [Claimed(str(job.pk), 0, 2, suspect=True)], job.slot, executors=executors
         )
-        assert results[str(job.pk)].outcome == engine_topics.Outcome.RETRY
+        assert results[str(job.pk)].outcome == topic_model.Outcome.RETRY
         assert results[str(job.pk)].error == timeout_jobs.BUSY
         assert executors.submitted == [[]]  # nothing fired while another transaction holds it
     finally:

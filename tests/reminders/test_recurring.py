@@ -12,15 +12,14 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from reminders.engine import queue
-from reminders.engine import topics as engine_topics
+from reminders.engine import queue, topic_model
 from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
 from reminders.handlers import timeout_jobs
 from reminders.handlers.timeout_jobs import Fired
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.runtime.worker import build_worker
-from reminders.selectors.topics import timeout_topic_spec
+from reminders.selectors.timeout_topics import timeout_topic_spec
 from reminders.services import timeout_job_create, timeout_topic_save
 from reminders.services.firing import timeout_jobs_take_rows
 from tests.support.factories import UserFactory, api_user
@@ -34,7 +33,7 @@ TOPIC = "t.recurring"
 def topic():
     row = timeout_topic_save(topic=TimeoutTopic(name=TOPIC), type="log", slots=2)
     yield row
-    engine_topics.unregister_topic(TOPIC)
+    topic_model.unregister_topic(TOPIC)
 
 
 def _series(capture, rule: str, *, start: datetime | None = None) -> TimeoutJob:
@@ -173,7 +172,7 @@ def test_the_admin_finds_jobs_by_business_key_and_requeues_dead_ones(
         assert worker.run_until_idle().dead == 1
     finally:
         worker.shutdown()
-        engine_topics.unregister_topic(failing.name)
+        topic_model.unregister_topic(failing.name)
     assert TimeoutJob.objects.get(pk=job.pk).status == Status.DEAD
     client = Client()
     client.force_login(UserFactory(is_staff=True, is_superuser=True))

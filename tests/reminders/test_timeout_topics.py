@@ -13,11 +13,10 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from reminders.engine import keys, queue, rates
-from reminders.engine import topics as engine_topics
+from reminders.engine import keys, queue, rates, topic_model
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.runtime.worker import build_worker
-from reminders.selectors.topics import timeout_topic_spec
+from reminders.selectors.timeout_topics import timeout_topic_spec
 from reminders.services import timeout_job_create, timeout_topic_save
 from tests.support.factories import api_user
 
@@ -34,11 +33,11 @@ def fast_password_hasher(settings):
 
 @pytest.fixture(autouse=True)
 def forget_registered_topics():
-    before = {t.name for t in engine_topics.all_topics()}
+    before = {t.name for t in topic_model.all_topics()}
     yield
-    for topic in engine_topics.all_topics():
+    for topic in topic_model.all_topics():
         if topic.name not in before:
-            engine_topics.unregister_topic(topic.name)
+            topic_model.unregister_topic(topic.name)
 
 
 def _client(*, staff: bool = False, perms=()) -> tuple:

@@ -13,8 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from reminders.engine import queue
-from reminders.engine import topics as engine_topics
+from reminders.engine import queue, topic_model
 from reminders.engine.keys import slot_for
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.services import timeout_topic_save
@@ -262,7 +261,7 @@ def test_manage_timeouts_permission_is_enough_on_a_topic_of_its_own(
         assert service.delete(detail(job_id)).status_code == 200
     assert redis_backlog("svc.close") == {}
     assert not TimeoutJob.objects.filter(topic=TOPIC).exists()
-    engine_topics.unregister_topic("svc.close")
+    topic_model.unregister_topic("svc.close")
 
 
 def test_past_action_time_is_accepted_and_due_now(post):

@@ -11,13 +11,12 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from reminders.engine import queue
-from reminders.engine import topics as engine_topics
+from reminders.engine import queue, topic_model
 from reminders.engine.scripts import Claimed
 from reminders.handlers import timeout_jobs
 from reminders.handlers.timeout_jobs import Fired
 from reminders.models import TimeoutJob, TimeoutTopic
-from reminders.selectors.topics import timeout_topic_spec
+from reminders.selectors.timeout_topics import timeout_topic_spec
 from reminders.services import timeout_job_create, timeout_topic_save
 from reminders.services.firing import timeout_jobs_take_rows
 from tests.support.factories import UserFactory, api_user
@@ -31,7 +30,7 @@ TOPIC = "t.stuck"
 def topic():
     row = timeout_topic_save(topic=TimeoutTopic(name=TOPIC), type="log", slots=1)
     yield row
-    engine_topics.unregister_topic(TOPIC)
+    topic_model.unregister_topic(TOPIC)
 
 
 def _running(capture, biz_id: str = "o1", **fields) -> TimeoutJob:

@@ -17,8 +17,7 @@ import pytest
 from django.utils import timezone
 
 from couponcenter.core.errors import BusinessError
-from reminders.engine import queue
-from reminders.engine import topics as engine_topics
+from reminders.engine import queue, topic_model
 from reminders.models import TimeoutJob
 from reminders.runtime.worker import build_worker
 from reminders.services import timeout_job_cancel, timeout_job_create
@@ -71,7 +70,7 @@ def topics(settings):
 
     yield configure
     for name in names:
-        engine_topics.unregister_topic(name)
+        topic_model.unregister_topic(name)
 
 
 @pytest.fixture(autouse=True)

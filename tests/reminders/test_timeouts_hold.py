@@ -20,8 +20,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from reminders.engine import keys, queue
-from reminders.engine import topics as engine_topics
+from reminders.engine import keys, queue, topic_model
 from reminders.engine.dispatcher import Dispatcher
 from reminders.models import TimeoutJob
 from reminders.runtime.worker import build_worker
@@ -66,7 +65,7 @@ def topic(settings, receiver):
                 "visibility_ms": VISIBILITY_MS, "concurrency": 2},
     }  # fmt: skip
     yield TOPIC
-    engine_topics.unregister_topic(TOPIC)
+    topic_model.unregister_topic(TOPIC)
 
 
 @pytest.fixture
@@ -245,7 +244,7 @@ def blocking_topic(settings) -> Iterator[str]:
     yield name
     SUSPECT_RELEASE.set()
     SLOW_RELEASE.set()
-    engine_topics.unregister_topic(name)
+    topic_model.unregister_topic(name)
 
 
 def suspect_due(redis_client, clock: Clock, topic: str) -> TimeoutJob:
@@ -333,7 +332,7 @@ def test_a_suspect_waits_for_what_a_retiring_executor_still_fires():
     """A topic's executor rebuilt (its spec changed) finishes what it fired in the background;
     a suspect that comes meanwhile waits for that too before it fires alone."""
     from reminders.runtime.executors import TopicExecutors
-    from reminders.topic_specs import TimeoutTopicSpec
+    from reminders.timeout_topic_rules import TimeoutTopicSpec
 
     fired: list[str] = []
     slow_release, slow_firing = threading.Event(), threading.Event()

@@ -14,14 +14,13 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from reminders.engine import keys, queue, scripts
-from reminders.engine import topics as engine_topics
+from reminders.engine import keys, queue, scripts, topic_model
 from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
 from reminders.handlers import timeout_jobs
 from reminders.handlers.timeout_jobs import Fired
 from reminders.models import TimeoutJob, TimeoutTopic
-from reminders.selectors.topics import timeout_topic_spec
+from reminders.selectors.timeout_topics import timeout_topic_spec
 from reminders.services import timeout_topic_save
 from reminders.services.firing import timeout_jobs_take_rows
 from tests.support.factories import api_user
@@ -39,11 +38,11 @@ def fast_password_hasher(settings):
 
 @pytest.fixture(autouse=True)
 def forget_registered_topics():
-    before = {t.name for t in engine_topics.all_topics()}
+    before = {t.name for t in topic_model.all_topics()}
     yield
-    for topic in engine_topics.all_topics():
+    for topic in topic_model.all_topics():
         if topic.name not in before:
-            engine_topics.unregister_topic(topic.name)
+            topic_model.unregister_topic(topic.name)
 
 
 def _client(*, staff: bool = False) -> tuple:

@@ -17,7 +17,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from reminders.models import TimeoutTopic
-from reminders.selectors.topics import timeout_topic_spec
+from reminders.selectors.timeout_topics import timeout_topic_spec
 from reminders.services import timeout_topic_save
 from tests.support.factories import UserFactory, api_user
 

@@ -22,8 +22,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from couponcenter.coupons.bench.http import database_url
-from reminders.engine import leases, queue
-from reminders.engine import topics as engine_topics
+from reminders.engine import leases, queue, topic_model
 from reminders.models import TimeoutJob
 from reminders.services import timeout_job_create
 
@@ -49,7 +48,7 @@ def timeout_topics(settings) -> Iterator[None]:
     settings.TIMEOUT_TOPICS = TOPICS
     yield
     for name in TOPICS:
-        engine_topics.unregister_topic(name)
+        topic_model.unregister_topic(name)
 
 
 @pytest.fixture

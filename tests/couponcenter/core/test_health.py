@@ -14,7 +14,7 @@ from couponcenter.coupons.bench.http import free_port
 from reminders.engine import leases, queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.dispatcher import Dispatcher
-from reminders.engine.topics import OK, EngineSettings, Topic
+from reminders.engine.topic_model import OK, EngineSettings, Topic
 
 pytestmark = pytest.mark.django_db
 

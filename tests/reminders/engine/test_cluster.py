@@ -8,7 +8,7 @@ from reminders.engine import queue, scripts
 from reminders.engine.clock import epoch_ms
 from reminders.engine.dispatcher import Dispatcher
 from reminders.engine.keys import slot_for, slot_keys
-from reminders.engine.topics import OK, Topic
+from reminders.engine.topic_model import OK, Topic
 
 pytestmark = pytest.mark.cluster
 T = "coupon.reminder"

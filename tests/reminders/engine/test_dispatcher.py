@@ -10,7 +10,7 @@ from reminders.engine import leases, queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.dispatcher import Dispatcher, Hooks
 from reminders.engine.keys import slot_for
-from reminders.engine.topics import (
+from reminders.engine.topic_model import (
     DROP,
     HANDED_ON,
     OK,

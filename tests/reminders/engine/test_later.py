@@ -8,7 +8,7 @@ from reminders.engine.clock import epoch_ms
 from reminders.engine.dispatcher import Dispatcher
 from reminders.engine.keys import slot_keys
 from reminders.engine.scripts import LeaseLost
-from reminders.engine.topics import OK, EngineSettings, Topic, TopicSettings
+from reminders.engine.topic_model import OK, EngineSettings, Topic, TopicSettings
 
 T = "orders.timeout"
 SOON = queue.LATER_AFTER_MS // 2

@@ -8,7 +8,7 @@ from reminders.engine.clock import epoch_ms
 from reminders.engine.dispatcher import Dispatcher
 from reminders.engine.keys import slot_keys
 from reminders.engine.scripts import LeaseLost, Parcel
-from reminders.engine.topics import HANDED_ON, EngineSettings, Topic, TopicSettings
+from reminders.engine.topic_model import HANDED_ON, EngineSettings, Topic, TopicSettings
 
 T = "coupon.reminder"
 VIS = 30_000

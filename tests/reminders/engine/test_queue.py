@@ -4,7 +4,7 @@ import pytest
 
 from reminders.engine import queue
 from reminders.engine.keys import slot_for
-from reminders.engine.topics import Topic, TopicSettings, get_topic, register_topic
+from reminders.engine.topic_model import Topic, TopicSettings, get_topic, register_topic
 
 T = "coupon.reminder"
 

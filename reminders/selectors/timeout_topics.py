@@ -6,10 +6,10 @@ topics are usable through ``/api/timeouts/``. Every spec is validated by ``spec_
 model's ``clean()`` refuses a bad row, and a bad settings entry stops the start.
 
 The rows follow the change marker of the reminders' live settings (``live_settings.MarkedCache``):
-every write through ``services.topics`` moves it in its own transaction, so a request checks it
-once and never refuses a topic committed before it began, whichever process wrote it; a worker
-picks a change up within ``selectors.SETTINGS_MAX_AGE_S``. The rows are read again only when the
-marker moved.
+every write through ``services.timeout_topics`` moves it in its own transaction, so a request
+checks it once and never refuses a topic committed before it began, whichever process wrote it;
+a worker picks a change up within ``selectors.SETTINGS_MAX_AGE_S``. The rows are read again only
+when the marker moved.
 """
 
 from __future__ import annotations
@@ -22,15 +22,12 @@ from django.core.exceptions import ImproperlyConfigured
 from couponcenter.core.live_settings import MarkedCache
 from reminders.models import TimeoutTopic
 from reminders.selectors import reminder_settings_marker
-from reminders.topic_specs import (
+from reminders.timeout_topic_rules import (
     SETTINGS_KEYS,
-    TOPIC_TYPES,
     TimeoutTopicSpec,
     spec_from_topic,
     spec_problems,
 )
-
-__all__ = ["TOPIC_TYPES", "TimeoutTopicSpec", "spec_from_topic", "spec_problems"]
 
 logger = logging.getLogger(__name__)
 

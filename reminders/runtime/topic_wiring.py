@@ -15,10 +15,10 @@ from functools import partial
 
 from django.conf import settings
 
-from reminders.engine import rates
-from reminders.engine import topics as engine_topics
+from reminders.engine import rates, topic_model
 from reminders.engine.clock import epoch_ms
-from reminders.engine.topics import EngineSettings, Topic, TopicSettings
+from reminders.engine.knobs import knob_values
+from reminders.engine.topic_model import EngineSettings, Topic, TopicSettings
 from reminders.handlers.coupon_reminders import reminder_topics
 from reminders.handlers.timeout_jobs import (
     fire_jobs,
@@ -31,7 +31,8 @@ from reminders.members import REMINDER_TOPICS
 from reminders.runtime.executors import TopicExecutors
 from reminders.runtime.topic_executor import Clock
 from reminders.selectors import reminder_settings_get
-from reminders.selectors.topics import TimeoutTopicSpec, timeout_topic_specs
+from reminders.selectors.timeout_topics import timeout_topic_specs
+from reminders.timeout_topic_rules import TimeoutTopicSpec
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +45,12 @@ class GenericTopics:
     ) -> None:
         self.names = names
         self.executors = TopicExecutors(
-            fire=fire_jobs, settle=settle_fired, inline=inline, clock=clock,
+            fire=fire_jobs,
+            settle=settle_fired,
+            inline=inline,
+            clock=clock,
             take=None if inline or not settings.TIMEOUT_HOLD_MS else timeout_jobs_take,
-        )  # fmt: skip
+        )
         self._specs: dict[str, TimeoutTopicSpec] = {}
         self._topics: dict[str, Topic] = {}
 
@@ -62,7 +66,7 @@ class GenericTopics:
 
     def _apply(self, specs: dict[str, TimeoutTopicSpec]) -> None:
         for name in set(self._topics) - set(specs):
-            engine_topics.unregister_topic(name)
+            topic_model.unregister_topic(name)
             del self._topics[name]
             logger.info("timeout topic %s removed", name)
         self.executors.sync(specs)
@@ -71,18 +75,14 @@ class GenericTopics:
                 continue
             executor = self.executors.get(name)
             assert executor is not None
-            self._topics[name] = engine_topics.register_topic(
+            self._topics[name] = topic_model.register_topic(
                 Topic(
                     name=name,
                     handler=partial(timeout_jobs_handle, name, executors=self.executors),
                     pass_slot=True,
                     on_dead=partial(timeout_jobs_dead, name),
-                    slots=spec.slots,
-                    max_attempts=spec.max_attempts,
-                    visibility_ms=spec.visibility_ms,
-                    backoff_base_ms=spec.backoff_base_ms,
-                    backoff_cap_ms=spec.backoff_cap_ms,
                     batch_size=executor.batch_size,
+                    **knob_values(spec),
                 )
             )
             logger.info("timeout topic %s %s", name, "changed" if name in self._specs else "ready")
@@ -90,10 +90,13 @@ class GenericTopics:
 
     def settings(self) -> dict[str, TopicSettings]:
         return {
-            name: replace(topic.defaults(), paused=self._specs[name].paused,
-                          lookahead_ms=self._lookahead_ms(self._specs[name]))
+            name: replace(
+                topic.defaults(),
+                paused=self._specs[name].paused,
+                lookahead_ms=self._lookahead_ms(self._specs[name]),
+            )
             for name, topic in self._topics.items()
-        }  # fmt: skip
+        }
 
     def _lookahead_ms(self, spec: TimeoutTopicSpec) -> int:
         """How early the topic's jobs are claimed and held (``TIMEOUT_HOLD_MS``): never more
@@ -132,7 +135,7 @@ class ClaimBudget:
 
 def builtin_topics(names: set[str] | None = None) -> list[Topic]:
     """The reminder topics, registered with the engine."""
-    topics = [engine_topics.register_topic(topic) for topic in reminder_topics()]
+    topics = [topic_model.register_topic(topic) for topic in reminder_topics()]
     return [t for t in topics if names is None or t.name in names]
 
 

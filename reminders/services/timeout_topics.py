@@ -72,9 +72,11 @@ def _clear_name(name: str) -> None:
     live = TimeoutJob.objects.filter(topic=name, status__in=LIVE).count()
     if live:
         raise ValidationError(
-            {"name": f"{_jobs(live)} of an earlier topic named {name} still pending or "
-             "running: cancel them before the name is used again"}
-        )  # fmt: skip
+            {
+                "name": f"{_jobs(live)} of an earlier topic named {name} still pending or "
+                "running: cancel them before the name is used again"
+            }
+        )
     _purge_finished(name)
 
 

@@ -12,12 +12,19 @@ exception as the error.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 
 from .keys import TOPIC_NAME
-
-MAX_ATTEMPTS_LIMIT = 999  # the attempt count lives in the last 3 decimal digits of a prepare score
+from .knobs import (
+    BACKOFF_BASE_MS,
+    BACKOFF_CAP_MS,
+    MAX_ATTEMPTS,
+    MAX_ATTEMPTS_LIMIT,
+    SLOTS,
+    VISIBILITY_MS,
+    is_power_of_two,
+)
 
 
 class Outcome(Enum):
@@ -51,21 +58,22 @@ Handler = Callable[..., Sequence[Result] | Mapping[str, Result] | Result]
 
 
 def check_slots(slots: int) -> int:
-    if not isinstance(slots, int) or slots < 1 or slots & (slots - 1):
+    if not isinstance(slots, int) or not is_power_of_two(slots):
         raise ValueError(f"slot count must be a power of two (1, 2, 4, ...), got {slots!r}")
     return slots
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TopicSettings:
-    """What may change at runtime (the Django layer feeds ``ReminderSettings`` in here)."""
+    """What may change at runtime (the Django layer feeds ``ReminderSettings`` in here); the
+    defaults are the knobs' (``knobs``)."""
 
-    slots: int = 16
+    slots: int = SLOTS.default
     batch_size: int = 1000
-    visibility_ms: int = 30_000  # a claimed job not acked by then is reaped and retried
-    max_attempts: int = 16  # dead after 16 attempts
-    backoff_base_ms: int = 1_000  # retry n waits min(cap, base * 2^(n-1))
-    backoff_cap_ms: int = 300_000
+    visibility_ms: int = VISIBILITY_MS.default  # a claimed job not acked by then is reaped
+    max_attempts: int = MAX_ATTEMPTS.default
+    backoff_base_ms: int = BACKOFF_BASE_MS.default  # retry n waits min(cap, base * 2^(n-1))
+    backoff_cap_ms: int = BACKOFF_CAP_MS.default
     paused: bool = False
     # Claim what falls due within this many ms ahead (pre-staging): for a handler that makes the
     # result invisible until each entry's due time, so the due moment does not pay for the work.
@@ -82,15 +90,12 @@ class TopicSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class Topic:
+class Topic(TopicSettings):
+    """A topic: its name and handler, how it is claimed, and its settings (keyword arguments,
+    the ``TopicSettings`` fields) until the live configuration says otherwise."""
+
     name: str
     handler: Handler
-    slots: int = 16
-    max_attempts: int = 16
-    backoff_base_ms: int = 1_000
-    backoff_cap_ms: int = 300_000
-    visibility_ms: int = 30_000
-    batch_size: int = 1000
     # Called with the ids the reaper sent to dead (their visibility ran out max_attempts times),
     # so the owner can mark its rows and alert: nothing goes dead silently.
     on_dead: Callable[[list[str]], None] | None = None
@@ -117,17 +122,10 @@ class Topic:
     def __post_init__(self) -> None:
         if not TOPIC_NAME.match(self.name):
             raise ValueError(f"topic name must match {TOPIC_NAME.pattern}, got {self.name!r}")
-        self.defaults()  # validates the numbers
+        TopicSettings.__post_init__(self)  # a slots dataclass has no zero-argument super()
 
     def defaults(self) -> TopicSettings:
-        return TopicSettings(
-            slots=check_slots(self.slots),
-            batch_size=self.batch_size,
-            visibility_ms=self.visibility_ms,
-            max_attempts=self.max_attempts,
-            backoff_base_ms=self.backoff_base_ms,
-            backoff_cap_ms=self.backoff_cap_ms,
-        )
+        return TopicSettings(**{f.name: getattr(self, f.name) for f in fields(TopicSettings)})
 
 
 @dataclass(frozen=True, slots=True)

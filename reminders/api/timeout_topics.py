@@ -5,6 +5,8 @@ read-only."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -18,13 +20,20 @@ from couponcenter.core.api.errors import conflict_serializer, error_responses
 from couponcenter.core.api.permissions import staff_permissions
 from reminders import services
 from reminders.models import TimeoutTopic
-from reminders.selectors.topics import TimeoutTopicSpec, timeout_topic_specs
+from reminders.selectors.timeout_topics import timeout_topic_specs
+from reminders.timeout_topic_rules import TIMEOUT_TOPIC_KNOBS, TimeoutTopicSpec
 
 VIEW = "reminders.view_timeouttopic"
 IN_USE = conflict_serializer("TimeoutTopicInUse", ["topic_in_use"])
-FIELDS = ["name", "type", "target", "secret", "allow_http", "slots", "max_attempts",
-          "backoff_base_ms", "backoff_cap_ms", "visibility_ms", "concurrency", "timeout_ms",
-          "rate_limit_per_s", "fair_key", "paused", "owner_user", "owner_group"]  # fmt: skip
+
+
+def _knob_fields(**options) -> dict[str, serializers.Field]:
+    """A field per knob, with its help text; its range is the model's to check (one set of
+    rules: the admin and this API refuse the same values)."""
+    return {
+        knob.name: serializers.IntegerField(help_text=knob.help, **options)
+        for knob in TIMEOUT_TOPIC_KNOBS
+    }
 
 
 class TopicOutputSerializer(serializers.Serializer):
@@ -33,25 +42,19 @@ class TopicOutputSerializer(serializers.Serializer):
     target = serializers.CharField()
     secret_set = serializers.BooleanField(help_text="The secret itself is never shown.")
     allow_http = serializers.BooleanField()
-    slots = serializers.IntegerField()
-    max_attempts = serializers.IntegerField()
-    backoff_base_ms = serializers.IntegerField()
-    backoff_cap_ms = serializers.IntegerField()
-    visibility_ms = serializers.IntegerField()
-    concurrency = serializers.IntegerField()
-    timeout_ms = serializers.IntegerField()
-    rate_limit_per_s = serializers.IntegerField()
     fair_key = serializers.CharField()
     paused = serializers.BooleanField()
     owner_user = serializers.IntegerField(source="owner_user_id", allow_null=True)
     owner_group = serializers.IntegerField(source="owner_group_id", allow_null=True)
     read_only = serializers.BooleanField(help_text="Defined in settings.TIMEOUT_TOPICS.")
 
+    def get_fields(self) -> dict[str, serializers.Field]:
+        return {**super().get_fields(), **_knob_fields()}
+
 
 def _out(spec: TimeoutTopicSpec) -> dict:
-    data = {name: getattr(spec, name) for name in FIELDS if hasattr(spec, name)}
-    data.update(target=spec.target, secret_set=bool(spec.secret), read_only=spec.read_only,
-                owner_user_id=spec.owner_user_id, owner_group_id=spec.owner_group_id)  # fmt: skip
+    data = {f.name: getattr(spec, f.name) for f in fields(spec)}
+    data.update(target=spec.target, secret_set=bool(spec.secret))
     return TopicOutputSerializer(data).data
 
 
@@ -61,14 +64,6 @@ class TopicInputSerializer(serializers.Serializer):
     target = serializers.CharField(max_length=500, required=False, allow_blank=True)
     secret = serializers.CharField(max_length=256, required=False, write_only=True)
     allow_http = serializers.BooleanField(required=False)
-    slots = serializers.IntegerField(required=False)
-    max_attempts = serializers.IntegerField(required=False)
-    backoff_base_ms = serializers.IntegerField(required=False)
-    backoff_cap_ms = serializers.IntegerField(required=False)
-    visibility_ms = serializers.IntegerField(required=False)
-    concurrency = serializers.IntegerField(required=False)
-    timeout_ms = serializers.IntegerField(required=False)
-    rate_limit_per_s = serializers.IntegerField(required=False)
     fair_key = serializers.CharField(max_length=70, required=False, allow_blank=True)
     paused = serializers.BooleanField(required=False)
     owner_user = serializers.PrimaryKeyRelatedField(
@@ -77,6 +72,9 @@ class TopicInputSerializer(serializers.Serializer):
     owner_group = serializers.PrimaryKeyRelatedField(
         queryset=Group.objects.all(), required=False, allow_null=True
     )
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        return {**super().get_fields(), **_knob_fields(required=False)}
 
 
 def _save(topic: TimeoutTopic, changes: dict) -> TimeoutTopic:
@@ -88,11 +86,18 @@ def _save(topic: TimeoutTopic, changes: dict) -> TimeoutTopic:
 
 EXAMPLE = OpenApiExample(
     "Close unpaid orders",
-    value={"name": "order.close", "type": "http", "target": "https://orders.example.com/timeouts",
-           "secret": "<at least 32 bytes>", "concurrency": 16, "timeout_ms": 2000,
-           "rate_limit_per_s": 500, "fair_key": "attribute.tenant"},
+    value={
+        "name": "order.close",
+        "type": "http",
+        "target": "https://orders.example.com/timeouts",
+        "secret": "<at least 32 bytes>",
+        "concurrency": 16,
+        "timeout_ms": 2000,
+        "rate_limit_per_s": 500,
+        "fair_key": "attribute.tenant",
+    },
     request_only=True,
-)  # fmt: skip
+)
 
 
 class TopicListApi(APIView):

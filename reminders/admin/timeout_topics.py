@@ -6,8 +6,10 @@ from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 
 from couponcenter.core.errors import BusinessError
+from reminders.engine.knobs import TOPIC_KNOBS
 from reminders.models import TimeoutTopic
 from reminders.services import timeout_topic_delete, timeout_topic_save
+from reminders.timeout_topic_rules import FIRING_KNOBS, TIMEOUT_TOPIC_KNOBS
 
 
 class TimeoutTopicForm(forms.ModelForm):
@@ -19,10 +21,18 @@ class TimeoutTopicForm(forms.ModelForm):
 
     class Meta:
         model = TimeoutTopic
-        fields = ["name", "type", "target", "secret", "allow_http", "paused", "owner_user",
-                  "owner_group", "concurrency", "timeout_ms", "rate_limit_per_s", "fair_key",
-                  "slots", "max_attempts", "backoff_base_ms", "backoff_cap_ms",
-                  "visibility_ms"]  # fmt: skip
+        fields = [
+            "name",
+            "type",
+            "target",
+            "secret",
+            "allow_http",
+            "paused",
+            "owner_user",
+            "owner_group",
+            "fair_key",
+            *(knob.name for knob in TIMEOUT_TOPIC_KNOBS),
+        ]
 
     def clean_secret(self):
         secret = self.cleaned_data.get("secret") or ""
@@ -32,19 +42,28 @@ class TimeoutTopicForm(forms.ModelForm):
 @admin.register(TimeoutTopic)
 class TimeoutTopicAdmin(admin.ModelAdmin):
     form = TimeoutTopicForm
-    list_display = ["name", "type", "target", "slots", "concurrency", "timeout_ms",
-                    "rate_limit_per_s", "fair_key", "paused", "owner_user",
-                    "owner_group"]  # fmt: skip
+    list_display = [
+        "name",
+        "type",
+        "target",
+        "slots",
+        "concurrency",
+        "timeout_ms",
+        "rate_limit_per_s",
+        "fair_key",
+        "paused",
+        "owner_user",
+        "owner_group",
+    ]
     list_filter = ["type", "paused"]
     search_fields = ["name"]
     actions = ["pause", "resume"]
     fieldsets = [
         (None, {"fields": ["name", "type", "target", "secret", "allow_http", "paused"]}),
         ("Who may use it", {"fields": ["owner_user", "owner_group"]}),
-        ("Firing", {"fields": ["concurrency", "timeout_ms", "rate_limit_per_s", "fair_key"]}),
-        ("Engine", {"fields": ["slots", "max_attempts", "backoff_base_ms", "backoff_cap_ms",
-                               "visibility_ms"]}),
-    ]  # fmt: skip
+        ("Firing", {"fields": [*(knob.name for knob in FIRING_KNOBS), "fair_key"]}),
+        ("Engine", {"fields": [knob.name for knob in TOPIC_KNOBS]}),
+    ]
     raw_id_fields = ["owner_user"]
 
     def get_readonly_fields(self, request, obj=None):

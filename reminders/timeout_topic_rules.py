@@ -1,5 +1,8 @@
-"""A generic timeout topic's spec, and the rules every spec must keep (shared by the
-``TimeoutTopic`` model's ``clean()``, the settings loader and the workers)."""
+"""A generic timeout topic's spec, its knobs, and the rules every spec must keep (shared by the
+``TimeoutTopic`` model's ``clean()``, the settings loader and the workers).
+
+Each knob is defined once (``reminders.engine.knobs``); the spec's defaults, the model's fields,
+the admin's fieldsets and the API's fields are derived from ``TIMEOUT_TOPIC_KNOBS``."""
 
 from __future__ import annotations
 
@@ -10,6 +13,17 @@ from django.conf import settings
 from django.utils.crypto import salted_hmac
 
 from couponcenter.core.webhooks import secret_problem
+from reminders.engine.knobs import (
+    BACKOFF_BASE_MS,
+    BACKOFF_CAP_MS,
+    MAX_ATTEMPTS,
+    SLOTS,
+    TOPIC_KNOBS,
+    VISIBILITY_MS,
+    Knob,
+    is_power_of_two,
+    knob_values,
+)
 from reminders.members import REMINDER_TOPICS
 
 TOPIC_TYPES = {"log", "callable", "celery", "http"}
@@ -20,24 +34,49 @@ FAIR_KEY_SALT = "reminders.fair_key"
 # taken back and retried while they still wait their turn.
 VISIBILITY_CALLS = 4
 
+# How each worker's executor fires a topic's jobs (the engine's knobs are ``TOPIC_KNOBS``).
+CONCURRENCY = Knob(
+    "concurrency",
+    default=8,
+    low=1,
+    high=256,
+    help="Jobs (http) or batches fired at once by each worker.",
+)
+TIMEOUT_MS = Knob(
+    "timeout_ms",
+    default=5_000,
+    low=100,
+    high=120_000,
+    help="How long one call may take before it counts as failed.",
+)
+RATE_LIMIT_PER_S = Knob(
+    "rate_limit_per_s",
+    default=0,
+    low=0,
+    high=1_000_000,
+    help="Jobs fired per second across all workers (0: no limit).",
+)
+FIRING_KNOBS = (CONCURRENCY, TIMEOUT_MS, RATE_LIMIT_PER_S)
+TIMEOUT_TOPIC_KNOBS = (*TOPIC_KNOBS, *FIRING_KNOBS)
+
 
 @dataclass(frozen=True)
 class TimeoutTopicSpec:
     name: str
     type: str
-    slots: int = 8
-    max_attempts: int = 16
-    visibility_ms: int = 30_000
-    backoff_base_ms: int = 1_000  # retry n waits min(cap, base * 2^(n-1))
-    backoff_cap_ms: int = 300_000
+    slots: int = SLOTS.default
+    max_attempts: int = MAX_ATTEMPTS.default
+    visibility_ms: int = VISIBILITY_MS.default
+    backoff_base_ms: int = BACKOFF_BASE_MS.default
+    backoff_cap_ms: int = BACKOFF_CAP_MS.default
     path: str = ""
     task: str = ""
     url: str = ""
     secret: str = ""
     allow_http: bool = False
-    concurrency: int = 8
-    timeout_ms: int = 5_000
-    rate_limit_per_s: int = 0  # 0: unlimited
+    concurrency: int = CONCURRENCY.default
+    timeout_ms: int = TIMEOUT_MS.default
+    rate_limit_per_s: int = RATE_LIMIT_PER_S.default
     fair_key: str = ""  # "", "biz_type" or "attribute.<name>"
     paused: bool = False
     owner_user_id: int | None = None
@@ -63,7 +102,7 @@ def spec_problems(spec: TimeoutTopicSpec, *, secret_what: str = "the secret") ->
         problems["type"] = f"must be one of {sorted(TOPIC_TYPES)}"
     if spec.name in REMINDER_TOPICS:
         problems["name"] = f"{spec.name} is built in"
-    if spec.slots < 1 or spec.slots & (spec.slots - 1):
+    if not is_power_of_two(spec.slots):
         problems["slots"] = "must be a power of two (1, 2, 4, ...)"
     if spec.type == "http":
         scheme = urlsplit(spec.url).scheme.lower()
@@ -105,21 +144,14 @@ def spec_from_topic(row) -> TimeoutTopicSpec:
     return TimeoutTopicSpec(
         name=row.name,
         type=row.type,
-        slots=row.slots,
-        max_attempts=row.max_attempts,
-        visibility_ms=row.visibility_ms,
-        backoff_base_ms=row.backoff_base_ms,
-        backoff_cap_ms=row.backoff_cap_ms,
         secret=row.secret,
         allow_http=row.allow_http,
-        concurrency=row.concurrency,
-        timeout_ms=row.timeout_ms,
-        rate_limit_per_s=row.rate_limit_per_s,
         fair_key=row.fair_key,
         paused=row.paused,
         owner_user_id=row.owner_user_id,
         owner_group_id=row.owner_group_id,
         read_only=False,
+        **knob_values(row, TIMEOUT_TOPIC_KNOBS),
         **({target_field: row.target} if target_field else {}),
     )
 

@@ -16,17 +16,28 @@ def queue_gauges() -> list[GaugeMetricFamily]:
     """Backlog, due, in flight, dead and oldest overdue per topic (every served slot, one pipeline
     per topic, O(log n) each), and the live workers."""
     families = {
-        "store": GaugeMetricFamily("couponcenter_queue_backlog", "Jobs scheduled, not yet "
-                                   "claimed (store)", labels=["topic"]),
-        "due": GaugeMetricFamily("couponcenter_queue_due", "Jobs due now and not yet claimed",
-                                 labels=["topic"]),
-        "prepare": GaugeMetricFamily("couponcenter_queue_in_flight", "Jobs claimed by a worker, "
-                                     "not yet acked (prepare)", labels=["topic"]),
-        "dead": GaugeMetricFamily("couponcenter_queue_dead", "Jobs in the dead queue",
-                                  labels=["topic"]),
-        "overdue": GaugeMetricFamily("couponcenter_queue_oldest_overdue_seconds", "How late the "
-                                     "most overdue unclaimed job is", labels=["topic"]),
-    }  # fmt: skip
+        "store": GaugeMetricFamily(
+            "couponcenter_queue_backlog",
+            "Jobs scheduled, not yet claimed (store)",
+            labels=["topic"],
+        ),
+        "due": GaugeMetricFamily(
+            "couponcenter_queue_due", "Jobs due now and not yet claimed", labels=["topic"]
+        ),
+        "prepare": GaugeMetricFamily(
+            "couponcenter_queue_in_flight",
+            "Jobs claimed by a worker, not yet acked (prepare)",
+            labels=["topic"],
+        ),
+        "dead": GaugeMetricFamily(
+            "couponcenter_queue_dead", "Jobs in the dead queue", labels=["topic"]
+        ),
+        "overdue": GaugeMetricFamily(
+            "couponcenter_queue_oldest_overdue_seconds",
+            "How late the most overdue unclaimed job is",
+            labels=["topic"],
+        ),
+    }
     client = get_redis()
     now_ms = epoch_ms()
     for topic, served in topic_slot_counts().items():

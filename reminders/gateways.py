@@ -67,9 +67,21 @@ class InboxGateway:
         # Times as the ORM writes them (SQLite keeps naive UTC text and compares it as text).
         db_time = connection.ops.adapt_datetimefield_value
         now = db_time(timezone.now())
-        rows = [(m.user_id, m.dedup_key, m.kind, m.title, m.body, json.dumps(m.payload), now,
-                 db_time(m.visible_at) if m.visible_at else now, m.push, m.held)
-                for m in messages]  # fmt: skip
+        rows = [
+            (
+                m.user_id,
+                m.dedup_key,
+                m.kind,
+                m.title,
+                m.body,
+                json.dumps(m.payload),
+                now,
+                db_time(m.visible_at) if m.visible_at else now,
+                m.push,
+                m.held,
+            )
+            for m in messages
+        ]
         with connection.cursor() as cursor:
             for start in range(0, len(rows), INSERT_CHUNK):
                 chunk = rows[start : start + INSERT_CHUNK]
@@ -88,8 +100,10 @@ class LogGateway:
 
     def deliver(self, messages: list[Message]) -> list[Delivered]:
         for m in messages:
-            logger.info("notification", extra={"user_id": m.user_id, "dedup_key": m.dedup_key,
-                                               "title": m.title})  # fmt: skip
+            logger.info(
+                "notification",
+                extra={"user_id": m.user_id, "dedup_key": m.dedup_key, "title": m.title},
+            )
         return [Delivered(True)] * len(messages)
 
 
@@ -114,12 +128,24 @@ class WebhookGateway:
         with guarded_session() as session:
             for m in messages:
                 body = json.dumps(
-                    {"user_id": m.user_id, "kind": m.kind, "title": m.title, "body": m.body,
-                     "payload": m.payload}, sort_keys=True,
-                ).encode()  # fmt: skip
+                    {
+                        "user_id": m.user_id,
+                        "kind": m.kind,
+                        "title": m.title,
+                        "body": m.body,
+                        "payload": m.payload,
+                    },
+                    sort_keys=True,
+                ).encode()
                 try:
-                    post_signed(self.url, body, secret=self.secret, idempotency_key=m.dedup_key,
-                                session=session, what="webhook")  # fmt: skip
+                    post_signed(
+                        self.url,
+                        body,
+                        secret=self.secret,
+                        idempotency_key=m.dedup_key,
+                        session=session,
+                        what="webhook",
+                    )
                 except requests.RequestException as exc:
                     results.append(Delivered(False, f"{exc.__class__.__name__}: {exc}"[:300]))
                 else:

@@ -31,8 +31,13 @@ def workers_check() -> dict[str, Any]:
     now_ms = epoch_ms()
     live = leases.live_workers(now_ms=now_ms, lease_ms=settings.WORKER_LEASE_MS)
     registered = leases.list_workers()
-    stalled = leases.stalled_workers(now_ms=now_ms, lease_ms=settings.WORKER_LEASE_MS,
-                                     stall_ms=settings.WORKER_STALL_MS)  # fmt: skip
+    stalled = leases.stalled_workers(
+        now_ms=now_ms, lease_ms=settings.WORKER_LEASE_MS, stall_ms=settings.WORKER_STALL_MS
+    )
     status = "error" if stalled else "ok" if live else "warning"
-    return {"status": status, "live": len(live), "registered": len(registered),
-            "stalled": len(stalled)}  # fmt: skip
+    return {
+        "status": status,
+        "live": len(live),
+        "registered": len(registered),
+        "stalled": len(stalled),
+    }

@@ -31,9 +31,26 @@ COUNTS = ("dispatched", "delivered", "failed", "dropped", "dead", "orphaned", "c
 # that a bucket's width is at most about half its upper edge above 1 s (a p99 of 47 s reads
 # 45-60 s, never "60,000 ms").
 LATENESS_BUCKETS_MS = (
-    5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 20_000, 30_000, 45_000, 60_000,
-    120_000, 300_000, 600_000, 10**12,
-)  # fmt: skip
+    5,
+    10,
+    25,
+    50,
+    100,
+    250,
+    500,
+    1000,
+    2500,
+    5000,
+    10_000,
+    20_000,
+    30_000,
+    45_000,
+    60_000,
+    120_000,
+    300_000,
+    600_000,
+    10**12,
+)
 
 EVENTS = Counter("couponcenter_reminder_events_total", "Reminder events", ["topic", "event"])
 LATENESS = Histogram(
@@ -53,8 +70,9 @@ def _hour_key(topic: str, hour: int) -> str:
 
 
 def bucket_for(lateness_ms: float) -> int:
-    return LATENESS_BUCKETS_MS[min(bisect_left(LATENESS_BUCKETS_MS, lateness_ms),
-                                   len(LATENESS_BUCKETS_MS) - 1)]  # fmt: skip
+    return LATENESS_BUCKETS_MS[
+        min(bisect_left(LATENESS_BUCKETS_MS, lateness_ms), len(LATENESS_BUCKETS_MS) - 1)
+    ]
 
 
 def _observe_many(topic: str, hist: Mapping[int, int], total_ms: float) -> None:

@@ -43,8 +43,11 @@ class _IsoMessage:
     def __call__(self, value: timedelta) -> None:
         limit = self.limit_value() if callable(self.limit_value) else self.limit_value
         if self.compare(value, limit):
-            params = {"limit_value": iso_duration(limit), "show_value": iso_duration(value),
-                      "value": value}  # fmt: skip
+            params = {
+                "limit_value": iso_duration(limit),
+                "show_value": iso_duration(value),
+                "value": value,
+            }
             raise ValidationError(self.message, code=self.code, params=params)
 
 

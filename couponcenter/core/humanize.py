@@ -36,7 +36,9 @@ def when(value) -> str:
         value = timezone.make_aware(value, UTC)
     local = timezone.localtime(value)
     age_ms = (timezone.now() - value).total_seconds() * 1000
-    ago = "just now" if abs(age_ms) < 1000 else (
-        f"{ms_age(int(age_ms))} ago" if age_ms > 0 else f"in {ms_age(int(-age_ms))}"
-    )  # fmt: skip
+    ago = (
+        "just now"
+        if abs(age_ms) < 1000
+        else (f"{ms_age(int(age_ms))} ago" if age_ms > 0 else f"in {ms_age(int(-age_ms))}")
+    )
     return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()} ({ago})"

@@ -139,8 +139,10 @@ class LiveSettingsReader(Generic[S]):
             self._refused = marker
             logger.error(
                 "%s version %s is invalid, keeping the last good settings: %s",
-                self.model.__name__, loaded.version, exc.message_dict,
-            )  # fmt: skip
+                self.model.__name__,
+                loaded.version,
+                exc.message_dict,
+            )
             return last_good if last_good is not None else self.model(pk=loaded.pk)
         return loaded
 

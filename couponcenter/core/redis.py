@@ -72,18 +72,29 @@ def embedded_server_args(socket_path: Path, *, daemonize: bool) -> list[str]:
     var_dir = socket_path.parent
     return [
         embedded_executable(),
-        "--port", "0",
-        "--unixsocket", str(socket_path),
-        "--unixsocketperm", "700",
-        "--dir", str(var_dir),
-        "--dbfilename", "redis.rdb",
-        "--save", "60 1",
-        "--appendonly", "no",
-        "--daemonize", "yes" if daemonize else "no",
-        "--pidfile", str(var_dir / "redis.pid"),
-        "--logfile", str(var_dir / "redis.log") if daemonize else "",
-        "--maxclients", "2000",
-    ]  # fmt: skip
+        "--port",
+        "0",
+        "--unixsocket",
+        str(socket_path),
+        "--unixsocketperm",
+        "700",
+        "--dir",
+        str(var_dir),
+        "--dbfilename",
+        "redis.rdb",
+        "--save",
+        "60 1",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "yes" if daemonize else "no",
+        "--pidfile",
+        str(var_dir / "redis.pid"),
+        "--logfile",
+        str(var_dir / "redis.log") if daemonize else "",
+        "--maxclients",
+        "2000",
+    ]
 
 
 def _answers(socket_path: Path) -> bool:
@@ -137,8 +148,9 @@ def broker_client() -> redis.Redis | None:
             client = redis.Redis(unix_socket_path=unquote(url[len("redis+socket://") :]))
         elif url.startswith(("redis://", "rediss://")):
             timeout = settings.CELERY_BROKER_CONNECTION_TIMEOUT
-            client = redis.Redis.from_url(url, socket_connect_timeout=timeout,
-                                          socket_timeout=max(timeout, 2.0))  # fmt: skip
+            client = redis.Redis.from_url(
+                url, socket_connect_timeout=timeout, socket_timeout=max(timeout, 2.0)
+            )
         else:
             return None
         _clients[key] = client

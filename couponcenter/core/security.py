@@ -9,9 +9,12 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-def log_lockout(sender: Any, request: Any = None, username: str = "", ip_address: str = "",
-                **kwargs: Any) -> None:  # fmt: skip
+def log_lockout(
+    sender: Any, request: Any = None, username: str = "", ip_address: str = "", **kwargs: Any
+) -> None:
     logger.warning(
-        "login locked out: username %r from %s", username, ip_address,
+        "login locked out: username %r from %s",
+        username,
+        ip_address,
         extra={"username": username, "ip_address": ip_address},
-    )  # fmt: skip
+    )

@@ -82,8 +82,13 @@ def _instrument() -> None:
     from opentelemetry.instrumentation.redis import RedisInstrumentor
     from opentelemetry.instrumentation.sqlite3 import SQLite3Instrumentor
 
-    for instrumentor in (DjangoInstrumentor(), CeleryInstrumentor(), Psycopg2Instrumentor(),
-                         SQLite3Instrumentor(), RedisInstrumentor()):  # fmt: skip
+    for instrumentor in (
+        DjangoInstrumentor(),
+        CeleryInstrumentor(),
+        Psycopg2Instrumentor(),
+        SQLite3Instrumentor(),
+        RedisInstrumentor(),
+    ):
         if not instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.instrument()
 
@@ -126,8 +131,14 @@ def job_span(
     here = trace.get_current_span().get_span_context()
     links = [Link(here)] if here.is_valid else []
     start = int(due.timestamp() * 1e9) if due is not None else None
-    span = tracer().start_span(name, context=parent, kind=SpanKind.CONSUMER, links=links,
-                               attributes=attributes or {}, start_time=start)  # fmt: skip
+    span = tracer().start_span(
+        name,
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        links=links,
+        attributes=attributes or {},
+        start_time=start,
+    )
     token = otel_context.attach(trace.set_span_in_context(span))
     try:
         yield span
@@ -140,8 +151,14 @@ def job_span(
         span.end()
 
 
-def end_job_span(name: str, traceparent: str, *, due: datetime | None, outcome: str,
-                 attributes: dict[str, Any] | None = None) -> None:  # fmt: skip
+def end_job_span(
+    name: str,
+    traceparent: str,
+    *,
+    due: datetime | None,
+    outcome: str,
+    attributes: dict[str, Any] | None = None,
+) -> None:
     """A finished job span, for code that learns the outcome of many jobs at once."""
     with job_span(name, traceparent, due=due, attributes=attributes) as span:
         if span is not None:

@@ -220,8 +220,10 @@ class _GuardedHTTPSPool(urllib3.HTTPSConnectionPool):
 class _GuardedAdapter(HTTPAdapter):
     def init_poolmanager(self, *args, **kwargs):
         super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = {"http": _GuardedHTTPPool,
-                                                   "https": _GuardedHTTPSPool}  # fmt: skip
+        self.poolmanager.pool_classes_by_scheme = {
+            "http": _GuardedHTTPPool,
+            "https": _GuardedHTTPSPool,
+        }
 
 
 def guarded_session(*, pool_size: int = 10) -> requests.Session:

@@ -76,8 +76,14 @@ class CouponAdmin(admin.ModelAdmin):
     # What fits beside the navigation and the filters at 1280 px; the rest is on the change page
     # (priority and status are filters).
     list_display = [
-        "id", "name", "status", "claim_opens_at", "total_stock", "claimed_count", "remaining",
-    ]  # fmt: skip
+        "id",
+        "name",
+        "status",
+        "claim_opens_at",
+        "total_stock",
+        "claimed_count",
+        "remaining",
+    ]
     list_display_links = ["id", "name"]
     list_filter = ["status", "reminder_priority"]
     date_hierarchy = "claim_opens_at"
@@ -159,11 +165,16 @@ class CouponAdmin(admin.ModelAdmin):
             return TemplateResponse(
                 request,
                 "admin/couponcenter/coupon/move_opening.html",
-                {**self.admin_site.each_context(request), "opts": self.opts, "form": form,
-                 "coupons": queryset[:100], "count": min(queryset.count(), 1000),
-                 "pks": list(queryset.values_list("pk", flat=True)[:1000]),
-                 "title": "Move the opening time"},
-            )  # fmt: skip
+                {
+                    **self.admin_site.each_context(request),
+                    "opts": self.opts,
+                    "form": form,
+                    "coupons": queryset[:100],
+                    "count": min(queryset.count(), 1000),
+                    "pks": list(queryset.values_list("pk", flat=True)[:1000]),
+                    "title": "Move the opening time",
+                },
+            )
         moved, failed = 0, []
         for coupon in queryset[:1000]:
             try:
@@ -173,8 +184,9 @@ class CouponAdmin(admin.ModelAdmin):
                 moved += 1
             except (ValidationError, BusinessError) as exc:
                 failed.append(f"#{coupon.pk}: {'; '.join(getattr(exc, 'messages', [str(exc)]))}")
-        self.message_user(request, f"Moved the opening time of {moved} coupon(s).",
-                          messages.SUCCESS)  # fmt: skip
+        self.message_user(
+            request, f"Moved the opening time of {moved} coupon(s).", messages.SUCCESS
+        )
         if failed:
             self.message_user(request, "Not moved: " + " | ".join(failed[:10]), messages.ERROR)
         return None

@@ -312,11 +312,15 @@ def _claim_statement(
     *, coupon_id: int, user_id: int, seq: int, now: datetime, wait: bool
 ) -> tuple | None:
     params = {
-        "coupon_id": coupon_id, "user_id": user_id, "seq": seq, "now": now,
+        "coupon_id": coupon_id,
+        "user_id": user_id,
+        "seq": seq,
+        "now": now,
         "start": 0 if wait else random.randrange(stock.shard_count()),
         "active": Coupon.Status.ACTIVE,
-        "unused": UserCoupon.Status.UNUSED, "pending": ExpiryTask.Status.PENDING,
-    }  # fmt: skip
+        "unused": UserCoupon.Status.UNUSED,
+        "pending": ExpiryTask.Status.PENDING,
+    }
     # A waiting claim may keep the lock of a shard it found empty after the wait while it waits
     # for the next one, so waiting claims go through the shards in one order (from shard 0):
     # in random orders two of them could each hold the shard the other waits for.
@@ -342,10 +346,17 @@ def _claim_prepared(wait: bool) -> prepared.Prepared:
     return prepared.Prepared(
         "cc_claim_wait" if wait else "cc_claim",
         sql,
-        (("coupon_id", "bigint"), ("user_id", "bigint"), ("seq", "integer"),
-         ("now", "timestamptz"), ("start", "integer"), ("active", "text"), ("unused", "text"),
-         ("pending", "text")),
-    )  # fmt: skip
+        (
+            ("coupon_id", "bigint"),
+            ("user_id", "bigint"),
+            ("seq", "integer"),
+            ("now", "timestamptz"),
+            ("start", "integer"),
+            ("active", "text"),
+            ("unused", "text"),
+            ("pending", "text"),
+        ),
+    )
 
 
 def _free_seq(*, coupon_id: int, user_id: int) -> int:
@@ -417,9 +428,11 @@ def account_ensure(
     are taken away); None leaves all but ``act_for_any_user`` as they are.
     """
     user, token, _ = account_provision(
-        username=username, end_user_id=end_user_id, act_for_any_user=act_for_any_user,
+        username=username,
+        end_user_id=end_user_id,
+        act_for_any_user=act_for_any_user,
         permissions=permissions,
-    )  # fmt: skip
+    )
     return user, token
 
 

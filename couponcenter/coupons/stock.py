@@ -130,9 +130,10 @@ def coupon_claimed_count_fold(*, coupon_id: int) -> None:
         asynchronous = not connection.in_atomic_block
         with connection.cursor() as cursor:
             prepared.execute(
-                cursor, _fold_prepared(asynchronous),
+                cursor,
+                _fold_prepared(asynchronous),
                 {"coupon_id": coupon_id, "local": asynchronous},
-            )  # fmt: skip
+            )
         return
     claims = Subquery(
         CouponStockShard.objects.filter(coupon_id=OuterRef("pk"))

@@ -161,8 +161,9 @@ class DeadLetterListApi(APIView):
         topic = _topic_field(required=False)
         slot = serializers.IntegerField(required=False, min_value=0)
         q = serializers.CharField(required=False, default="", max_length=100)
-        limit = serializers.IntegerField(required=False, default=100, min_value=1,
-                                         max_value=DEAD_LIST_MAX)  # fmt: skip
+        limit = serializers.IntegerField(
+            required=False, default=100, min_value=1, max_value=DEAD_LIST_MAX
+        )
 
         def validate(self, attrs: dict) -> dict:
             if attrs.get("slot") is not None and not attrs.get("topic"):
@@ -206,14 +207,17 @@ class DeadLetterRequeueApi(APIView):
         topic = _topic_field()
         slot = serializers.IntegerField(required=False, min_value=0)
         job_ids = serializers.ListField(
-            child=serializers.CharField(max_length=200), required=False,
+            child=serializers.CharField(max_length=200),
+            required=False,
             max_length=dead_letter_services.REQUEUE_CAP,
-        )  # fmt: skip
+        )
         all = serializers.BooleanField(required=False, default=False)
         limit = serializers.IntegerField(
-            required=False, default=dead_letter_services.REQUEUE_CAP, min_value=1,
+            required=False,
+            default=dead_letter_services.REQUEUE_CAP,
+            min_value=1,
             max_value=dead_letter_services.REQUEUE_CAP,
-        )  # fmt: skip
+        )
 
         def validate(self, attrs: dict) -> dict:
             attrs = super().validate(attrs)

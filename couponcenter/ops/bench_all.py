@@ -66,8 +66,9 @@ def machine() -> dict[str, Any]:
     cpu = platform.processor() or ""
     try:
         with open("/proc/cpuinfo") as info:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")),
-                       cpu)  # fmt: skip
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), cpu
+            )
     except OSError:
         pass
     with connection.cursor() as cursor:
@@ -96,105 +97,231 @@ def figures(result: dict[str, Any]) -> list[Figure]:
     if r:
         dispatch = r.get("dispatch_per_s")
         ratio = _ratio(dispatch, r.get("raw_limit_per_s"))
-        rows.append(Figure(f"reminders: {n} burst claimed and handed on", dispatch, "/s",
-                           "bare Lua pop-and-ack loop", r.get("raw_limit_per_s"), ratio,
-                           ">= 0.30 of raw", ratio is not None and ratio >= 0.30))  # fmt: skip
+        rows.append(
+            Figure(
+                f"reminders: {n} burst claimed and handed on",
+                dispatch,
+                "/s",
+                "bare Lua pop-and-ack loop",
+                r.get("raw_limit_per_s"),
+                ratio,
+                ">= 0.30 of raw",
+                ratio is not None and ratio >= 0.30,
+            )
+        )
         e2e = round(r["count"] / r["end_to_end_s"]) if r.get("end_to_end_s") else None
         raw_inbox = result.get("raw_inbox", {}).get("raw_inbox_per_s")
         ratio = _ratio(e2e, raw_inbox)
-        rows.append(Figure(f"reminders: {n} burst in the inbox (no pre-staging)", e2e, "/s",
-                           "bare SQL inbox-write loop", raw_inbox, ratio, ">= 0.60 of raw",
-                           ratio is not None and ratio >= 0.60))  # fmt: skip
+        rows.append(
+            Figure(
+                f"reminders: {n} burst in the inbox (no pre-staging)",
+                e2e,
+                "/s",
+                "bare SQL inbox-write loop",
+                raw_inbox,
+                ratio,
+                ">= 0.60 of raw",
+                ratio is not None and ratio >= 0.60,
+            )
+        )
         p99, without = r.get("burst_p99_ms"), r.get("burst_p99_ms_without_prestage")
-        rows.append(Figure(f"reminders: {n} burst, p99 lateness to the inbox, pre-staged", p99,
-                           "ms", "the same burst without pre-staging", without,
-                           _ratio(p99, without), "<= 1000 ms",
-                           p99 is not None and p99 <= 1000))  # fmt: skip
+        rows.append(
+            Figure(
+                f"reminders: {n} burst, p99 lateness to the inbox, pre-staged",
+                p99,
+                "ms",
+                "the same burst without pre-staging",
+                without,
+                _ratio(p99, without),
+                "<= 1000 ms",
+                p99 is not None and p99 <= 1000,
+            )
+        )
         for suffix, label in (("", "pre-staged"), ("_without_prestage", "no pre-staging")):
             p99 = r.get(f"steady_lateness_p99_ms{suffix}")
             p999 = r.get(f"steady_lateness_p999_ms{suffix}")
             rate = r.get(f"steady_rate_per_s{suffix}")
             if p99 is None:
                 continue
-            rows.append(Figure(f"reminders: steady {rate}/s, p99 / p99.9 lateness ({label})",
-                               p99, "ms", "p99.9", p999, None, "p99 <= 100, p99.9 <= 250 ms",
-                               p99 <= 100 and (p999 or 0) <= 250))  # fmt: skip
+            rows.append(
+                Figure(
+                    f"reminders: steady {rate}/s, p99 / p99.9 lateness ({label})",
+                    p99,
+                    "ms",
+                    "p99.9",
+                    p999,
+                    None,
+                    "p99 <= 100, p99.9 <= 250 ms",
+                    p99 <= 100 and (p999 or 0) <= 250,
+                )
+            )
     e = result.get("expiry", {})
     if e:
-        rows.append(Figure(f"expiry: {e['count']:,} coupons, {e['workers']} sweepers",
-                           e.get("per_s"), "/s", "bare SQL expiry loop", e.get("raw_sql_per_s"),
-                           e.get("of_raw"), ">= 0.90 of raw",
-                           (e.get("of_raw") or 0) >= 0.90))  # fmt: skip
+        rows.append(
+            Figure(
+                f"expiry: {e['count']:,} coupons, {e['workers']} sweepers",
+                e.get("per_s"),
+                "/s",
+                "bare SQL expiry loop",
+                e.get("raw_sql_per_s"),
+                e.get("of_raw"),
+                ">= 0.90 of raw",
+                (e.get("of_raw") or 0) >= 0.90,
+            )
+        )
     c = result.get("claims", {})
     if c:
         ratio = _ratio(c.get("claims_per_s"), c.get("raw_limit_per_s"))
-        rows.append(Figure("claims over HTTP", c.get("claims_per_s"), "/s",
-                           "the same gunicorn on /healthz/live/", c.get("raw_limit_per_s"), ratio,
-                           ">= 0.25 of raw", ratio is not None and ratio >= 0.25))  # fmt: skip
+        rows.append(
+            Figure(
+                "claims over HTTP",
+                c.get("claims_per_s"),
+                "/s",
+                "the same gunicorn on /healthz/live/",
+                c.get("raw_limit_per_s"),
+                ratio,
+                ">= 0.25 of raw",
+                ratio is not None and ratio >= 0.25,
+            )
+        )
     b = result.get("backlog", {})
     if b:
         small, large = b["sizes"][0], b["sizes"][-1]
-        rows.append(Figure(f"backlog: claim + settle in parcels (reminders) with "
-                           f"{large['pending']:,} pending", large["claim_ack_per_s"], "/s",
-                           f"the same with {small['pending']:,} pending", small["claim_ack_per_s"],
-                           b["claim_rate_growth"], ">= 0.85 of the smaller backlog",
-                           b["claim_rate_growth"] >= 0.85))  # fmt: skip
+        rows.append(
+            Figure(
+                f"backlog: claim + settle in parcels (reminders) with {large['pending']:,} pending",
+                large["claim_ack_per_s"],
+                "/s",
+                f"the same with {small['pending']:,} pending",
+                small["claim_ack_per_s"],
+                b["claim_rate_growth"],
+                ">= 0.85 of the smaller backlog",
+                b["claim_rate_growth"] >= 0.85,
+            )
+        )
         if "claim_ack_per_s_per_entry" in large:
-            rows.append(Figure(f"backlog: claim + ack entry by entry (timeout topics) with "
-                               f"{large['pending']:,} pending", large["claim_ack_per_s_per_entry"],
-                               "/s", f"the same with {small['pending']:,} pending",
-                               small["claim_ack_per_s_per_entry"],
-                               b["claim_rate_growth_per_entry"]))  # fmt: skip
-        rows.append(Figure("backlog: Redis memory per pending reminder",
-                           b["max_bytes_per_pending"], "bytes",
-                           f"at {small['pending']:,} pending", small["bytes_per_pending"],
-                           b["memory_growth"], "<= 120 bytes",
-                           b["max_bytes_per_pending"] <= 120))  # fmt: skip
+            rows.append(
+                Figure(
+                    f"backlog: claim + ack entry by entry (timeout topics) with "
+                    f"{large['pending']:,} pending",
+                    large["claim_ack_per_s_per_entry"],
+                    "/s",
+                    f"the same with {small['pending']:,} pending",
+                    small["claim_ack_per_s_per_entry"],
+                    b["claim_rate_growth_per_entry"],
+                )
+            )
+        rows.append(
+            Figure(
+                "backlog: Redis memory per pending reminder",
+                b["max_bytes_per_pending"],
+                "bytes",
+                f"at {small['pending']:,} pending",
+                small["bytes_per_pending"],
+                b["memory_growth"],
+                "<= 120 bytes",
+                b["max_bytes_per_pending"] <= 120,
+            )
+        )
         if b.get("rebuild"):
             r_small, r_large = b["rebuild"][0], b["rebuild"][-1]
-            rows.append(Figure(f"backlog: rebuild from PostgreSQL, {r_large['scheduled']:,} "
-                               "scheduled", r_large["rebuild_per_s"], "/s",
-                               f"the same with {r_small['scheduled']:,}", r_small["rebuild_per_s"],
-                               b["rebuild_rate_growth"], "", None))  # fmt: skip
+            rows.append(
+                Figure(
+                    f"backlog: rebuild from PostgreSQL, {r_large['scheduled']:,} scheduled",
+                    r_large["rebuild_per_s"],
+                    "/s",
+                    f"the same with {r_small['scheduled']:,}",
+                    r_small["rebuild_per_s"],
+                    b["rebuild_rate_growth"],
+                    "",
+                    None,
+                )
+            )
     t = result.get("timeouts", {})
     if t:
         ratio = t.get("burst_ratio_to_raw")
-        rows.append(Figure(f"timeouts: {t['burst_count']:,} http jobs due in one second",
-                           t.get("burst_delivered_per_s"), "/s",
-                           "a plain keep-alive client on the same receiver",
-                           t.get("raw_receiver_per_s"), ratio, ">= 0.50 of raw",
-                           ratio is not None and ratio >= 0.50))  # fmt: skip
+        rows.append(
+            Figure(
+                f"timeouts: {t['burst_count']:,} http jobs due in one second",
+                t.get("burst_delivered_per_s"),
+                "/s",
+                "a plain keep-alive client on the same receiver",
+                t.get("raw_receiver_per_s"),
+                ratio,
+                ">= 0.50 of raw",
+                ratio is not None and ratio >= 0.50,
+            )
+        )
         p99 = t.get("isolation_lateness_p99_ms")
-        rows.append(Figure(f"timeouts: fast topic at {t['isolation_steady_rate']}/s, p99 "
-                           "lateness while a slow topic is saturated", p99, "ms", "p99.9",
-                           t.get("isolation_lateness_p999_ms"), None, "p99 <= 100 ms",
-                           p99 is not None and p99 <= 100))  # fmt: skip
+        rows.append(
+            Figure(
+                f"timeouts: fast topic at {t['isolation_steady_rate']}/s, p99 "
+                "lateness while a slow topic is saturated",
+                p99,
+                "ms",
+                "p99.9",
+                t.get("isolation_lateness_p999_ms"),
+                None,
+                "p99 <= 100 ms",
+                p99 is not None and p99 <= 100,
+            )
+        )
         bulk = t.get("bulk_create_jobs_per_s")
-        rows.append(Figure("timeouts: bulk create through the API (10,000 per request)", bulk,
-                           "jobs/s", target=">= 20,000/s",
-                           met=bulk is not None and bulk >= 20_000))  # fmt: skip
-        rows.append(Figure("timeouts: cancel by business key through the API",
-                           t.get("cancel_by_key_per_s"), "requests/s"))  # fmt: skip
+        rows.append(
+            Figure(
+                "timeouts: bulk create through the API (10,000 per request)",
+                bulk,
+                "jobs/s",
+                target=">= 20,000/s",
+                met=bulk is not None and bulk >= 20_000,
+            )
+        )
+        rows.append(
+            Figure(
+                "timeouts: cancel by business key through the API",
+                t.get("cancel_by_key_per_s"),
+                "requests/s",
+            )
+        )
     p = result.get("peers", {})
     if p and r:
         ours = round(r["count"] / r["end_to_end_s"]) if r.get("end_to_end_s") else None
         for peer, label in (("bullmq", "BullMQ delayed jobs"), ("celery_eta", "Celery ETA")):
             if f"{peer}_burst_per_s" not in p:
                 continue
-            rows.append(Figure(f"peer {label}: {n} burst drained (no-op job)",
-                               p.get(f"{peer}_burst_per_s"), "/s",
-                               "ours, into the inbox", ours,
-                               _ratio(ours, p.get(f"{peer}_burst_per_s"))))  # fmt: skip
+            rows.append(
+                Figure(
+                    f"peer {label}: {n} burst drained (no-op job)",
+                    p.get(f"{peer}_burst_per_s"),
+                    "/s",
+                    "ours, into the inbox",
+                    ours,
+                    _ratio(ours, p.get(f"{peer}_burst_per_s")),
+                )
+            )
             without = r.get("burst_p99_ms_without_prestage")
-            rows.append(Figure(f"peer {label}: {n} burst, p99 lateness",
-                               p.get(f"{peer}_burst_lateness_p99_ms"), "ms",
-                               "ours, pre-staged", r.get("burst_p99_ms"), None,
-                               f"ours without pre-staging: {without} ms"))  # fmt: skip
+            rows.append(
+                Figure(
+                    f"peer {label}: {n} burst, p99 lateness",
+                    p.get(f"{peer}_burst_lateness_p99_ms"),
+                    "ms",
+                    "ours, pre-staged",
+                    r.get("burst_p99_ms"),
+                    None,
+                    f"ours without pre-staging: {without} ms",
+                )
+            )
             for rate in p.get("peer_rates", []):
                 key = f"{peer}_steady_{rate}_lateness"
-                rows.append(Figure(f"peer {label}: steady {rate}/s, p99 / p99.9 lateness",
-                                   p.get(f"{key}_p99_ms"), "ms", "p99.9",
-                                   p.get(f"{key}_p999_ms")))  # fmt: skip
+                rows.append(
+                    Figure(
+                        f"peer {label}: steady {rate}/s, p99 / p99.9 lateness",
+                        p.get(f"{key}_p99_ms"),
+                        "ms",
+                        "p99.9",
+                        p.get(f"{key}_p999_ms"),
+                    )
+                )
     return rows
 
 
@@ -339,8 +466,10 @@ def run(
     # connections were used (the reminders part pings its workers) can hang in kombu's
     # after-fork cleanup.
     if "expiry" in parts:
-        say(f"expiry: {expiry_count:,} coupons, 2 sweepers, beside the bare SQL loop "
-            f"(an untimed warm-up, then two rounds each, taking turns)")  # fmt: skip
+        say(
+            f"expiry: {expiry_count:,} coupons, 2 sweepers, beside the bare SQL loop "
+            f"(an untimed warm-up, then two rounds each, taking turns)"
+        )
         result["expiry"] = bench_expiry.run_bench(
             count=expiry_count,
             workers=2,
@@ -372,9 +501,12 @@ def run(
     if peers:
         say("peers: BullMQ and Celery ETA on the same Redis")
         result["peers"] = bench_peers.run(
-            count=count, rates=[2000, STEADY_RATE], seconds=10, peers=["bullmq", "celery"],
+            count=count,
+            rates=[2000, STEADY_RATE],
+            seconds=10,
+            peers=["bullmq", "celery"],
             progress=progress,
-        )  # fmt: skip
+        )
     result["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     result["seconds"] = round(time.time() - started, 1)
     result["figures"] = [asdict(row) for row in figures(result)]

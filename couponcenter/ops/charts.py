@@ -34,8 +34,12 @@ def _label(value: float) -> str:
 
 
 # A duration axis's unit: the first whose upper limit (ms) is above the value.
-_DURATION_UNITS = ((1000, 1, "ms"), (120_000, 1000, "s"), (7_200_000, 60_000, "min"),
-                   (float("inf"), 3_600_000, "h"))  # fmt: skip
+_DURATION_UNITS = (
+    (1000, 1, "ms"),
+    (120_000, 1000, "s"),
+    (7_200_000, 60_000, "min"),
+    (float("inf"), 3_600_000, "h"),
+)
 
 
 def _duration_unit(ms: float) -> tuple[int, str]:
@@ -133,8 +137,10 @@ def line_chart(
             if len(seg) == 1:
                 cx, cy = seg[0].split(",")
                 radius = 3.5 if under else 2
-                parts.append(f'<circle cx="{cx}" cy="{cy}" r="{radius}" fill="{colour}"'
-                             f' fill-opacity="{opacity}" data-line="{escape(key)}"/>')  # fmt: skip
+                parts.append(
+                    f'<circle cx="{cx}" cy="{cy}" r="{radius}" fill="{colour}"'
+                    f' fill-opacity="{opacity}" data-line="{escape(key)}"/>'
+                )
             else:
                 parts.append(
                     f'<polyline fill="none" stroke="{colour}" stroke-width="{width}"'

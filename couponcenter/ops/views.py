@@ -35,14 +35,14 @@ def overview_view(request: HttpRequest) -> HttpResponse:
                 title=f"{topic}: per {per}",
                 stamp_format=stamp,
                 under_first=True,
-            ),  # fmt: skip
+            ),
             "lateness": charts.line_chart(
                 rows,
                 charts.LATENESS_LINES,
                 title=f"{topic}: lateness p50 and p99 per {per}",
                 durations=True,
                 stamp_format=stamp,
-            ),  # fmt: skip
+            ),
             "totals": {
                 k: sum(r.get(k, 0) for r in rows)
                 for k in (*charts.COUNTED, "orphaned", "capped", "digested")
@@ -63,9 +63,9 @@ def overview_view(request: HttpRequest) -> HttpResponse:
         "charts": chart_rows,
         **data,
     }
-    template = "admin/ops/console_live.html" if request.GET.get("partial") else (
-        "admin/ops/console.html"
-    )  # fmt: skip
+    template = (
+        "admin/ops/console_live.html" if request.GET.get("partial") else ("admin/ops/console.html")
+    )
     return TemplateResponse(request, template, context)
 
 

@@ -15,21 +15,48 @@ from reminders.selectors import queues, reminder_settings_get
 @admin.register(ReminderSettings)
 class ReminderSettingsAdmin(admin.ModelAdmin):
     formfield_overrides = ISO_DURATION_ADMIN
-    list_display = ["__str__", "slots", "batch_size", "tick_interval_ms", "paused", "gateway",
-                    "updated_at"]  # fmt: skip
+    list_display = [
+        "__str__",
+        "slots",
+        "batch_size",
+        "tick_interval_ms",
+        "paused",
+        "gateway",
+        "updated_at",
+    ]
     readonly_fields = ["version", "updated_at"]
     fieldsets = [
         ("Queues", {"fields": ["slots", "batch_size", "tick_interval_ms", "paused"]}),
-        ("Delivery", {"fields": ["gateway", "prestage_ms", "visibility_timeout_ms", "max_attempts",
-                                 "backoff_ms", "merge_window_ms", "late_policy", "late_limit",
-                                 "max_delivery_queue"]}),
+        (
+            "Delivery",
+            {
+                "fields": [
+                    "gateway",
+                    "prestage_ms",
+                    "visibility_timeout_ms",
+                    "max_attempts",
+                    "backoff_ms",
+                    "merge_window_ms",
+                    "late_policy",
+                    "late_limit",
+                    "max_delivery_queue",
+                ]
+            },
+        ),
         ("Notification policy", {"fields": ["push_cap_per_day", "over_cap"]}),
         ("Console warnings", {"fields": ["backlog_warning", "lateness_warning_ms"]}),
-        ("Tenant quotas (each API account that is not staff)",
-         {"fields": ["quota_pending_per_topic", "quota_creations_per_s",
-                     "quota_attribute_bytes"]}),
+        (
+            "Tenant quotas (each API account that is not staff)",
+            {
+                "fields": [
+                    "quota_pending_per_topic",
+                    "quota_creations_per_s",
+                    "quota_attribute_bytes",
+                ]
+            },
+        ),
         ("Version", {"fields": ["version", "updated_at"]}),
-    ]  # fmt: skip
+    ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return super().has_add_permission(request) and not ReminderSettings.objects.exists()

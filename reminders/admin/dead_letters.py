@@ -75,9 +75,12 @@ class DeadLetterAdmin(admin.ModelAdmin):
         page_no = request.GET.get("p", "")
         page_no = min(int(page_no), 10_000) if page_no.isdigit() else 0
         page = dead_letters.dead_letter_list(
-            topic=f["topic"], slot=f["slot"], search=f["q"], offset=page_no * PAGE_SIZE,
+            topic=f["topic"],
+            slot=f["slot"],
+            search=f["q"],
+            offset=page_no * PAGE_SIZE,
             limit=PAGE_SIZE,
-        )  # fmt: skip
+        )
         counts = dead_letters.dead_counts()
         context = {
             **self.admin_site.each_context(request),
@@ -93,7 +96,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
                     "query": _query({"topic": t, "slot": None, "q": f["q"]}),
                 }
                 for t, c in counts.items()
-            ],  # fmt: skip
+            ],
             "slot_links": [
                 (s, n, _query({**f, "slot": s}))
                 for s, n in enumerate(counts.get(f["topic"], []))
@@ -132,8 +135,10 @@ class DeadLetterAdmin(admin.ModelAdmin):
             return HttpResponseRedirect(back)
         if action == "requeue_matching":
             letters = []
-            count = min(dead_letters.dead_matching_count(topic=f["topic"], slot=f["slot"]),
-                        dead_letter_services.REQUEUE_CAP)  # fmt: skip
+            count = min(
+                dead_letters.dead_matching_count(topic=f["topic"], slot=f["slot"]),
+                dead_letter_services.REQUEUE_CAP,
+            )
         else:
             letters = dead_letters.dead_letters_get(request.POST.getlist("_selected_action"))
             count = len(letters)
@@ -168,8 +173,12 @@ class DeadLetterAdmin(admin.ModelAdmin):
                 topic=f["topic"], slot=f["slot"]
             )
             where = f"{f['topic']} slot {'*' if f['slot'] is None else f['slot']}"
-            summary = DeadLetter(key=dead_letters.dead_letter_key(f["topic"], f["slot"] or 0, "*"),
-                                 topic=f["topic"], slot=f["slot"] or 0, job_id="*")  # fmt: skip
+            summary = DeadLetter(
+                key=dead_letters.dead_letter_key(f["topic"], f["slot"] or 0, "*"),
+                topic=f["topic"],
+                slot=f["slot"] or 0,
+                job_id="*",
+            )
             message = (
                 f"Requeued {result.requeued} dead letters matching {where} "
                 f"(cap {dead_letter_services.REQUEUE_CAP}); {result.rows_fixed} rows reset."

@@ -81,8 +81,7 @@ class TimeoutJobAdmin(admin.ModelAdmin):
     fields (slot, status, attempts) are never edited by hand."""
 
     form = TimeoutJobForm
-    list_display = ["job_id", "topic", "business_key", "status", "action_time", "attempts",
-                    "error"]  # fmt: skip
+    list_display = ["job_id", "topic", "business_key", "status", "action_time", "attempts", "error"]
     list_filter = ["status", "topic"]
     search_fields = ["=job_id", "=biz_id"]
     search_help_text = (
@@ -93,8 +92,15 @@ class TimeoutJobAdmin(admin.ModelAdmin):
     paginator = EstimatedCountPaginator
     list_per_page = 50
     actions = ["cancel_jobs", "end_jobs", "requeue_dead_jobs"]
-    ENGINE_FIELDS = ["job_id", "status", "slot", "attempts", "last_error", "gmt_create",
-                     "gmt_modified"]  # fmt: skip
+    ENGINE_FIELDS = [
+        "job_id",
+        "status",
+        "slot",
+        "attempts",
+        "last_error",
+        "gmt_create",
+        "gmt_modified",
+    ]
 
     DETAIL_FIELDS = ["place_in_redis", "attempt_history"]
 
@@ -109,8 +115,14 @@ class TimeoutJobAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return self.ENGINE_FIELDS
-        fixed = [*self.ENGINE_FIELDS, *self.DETAIL_FIELDS, "topic", "biz_type", "biz_id",
-                 "stored_attribute"]  # fmt: skip
+        fixed = [
+            *self.ENGINE_FIELDS,
+            *self.DETAIL_FIELDS,
+            "topic",
+            "biz_type",
+            "biz_id",
+            "stored_attribute",
+        ]
         if obj.status != TimeoutJob.Status.PENDING:  # fired, firing or cancelled: history
             fixed.append("action_time")
         return fixed
@@ -118,8 +130,15 @@ class TimeoutJobAdmin(admin.ModelAdmin):
     def get_fields(self, request, obj=None):
         if obj is None:
             return ["topic", "biz_type", "biz_id", "action_time", "attribute", *self.ENGINE_FIELDS]
-        return ["topic", "biz_type", "biz_id", "action_time", "stored_attribute",
-                *self.ENGINE_FIELDS, *self.DETAIL_FIELDS]  # fmt: skip
+        return [
+            "topic",
+            "biz_type",
+            "biz_id",
+            "action_time",
+            "stored_attribute",
+            *self.ENGINE_FIELDS,
+            *self.DETAIL_FIELDS,
+        ]
 
     def get_queryset(self, request):
         """Jobs without their attribute decoded: the list never shows it and the change page
@@ -131,8 +150,12 @@ class TimeoutJobAdmin(admin.ModelAdmin):
     def stored_attribute(self, obj):
         head, chars = timeout_job_attribute_text(job_id=obj.pk, max_chars=ATTRIBUTE_SHOWN_CHARS)
         if chars > len(head):
-            return format_html('<pre id="tj-attribute">{}…</pre>the first {} of {} characters',
-                               head, len(head), chars)  # fmt: skip
+            return format_html(
+                '<pre id="tj-attribute">{}…</pre>the first {} of {} characters',
+                head,
+                len(head),
+                chars,
+            )
         return format_html('<pre id="tj-attribute">{}</pre>', head)
 
     @admin.display(description="Place in Redis")
@@ -147,9 +170,13 @@ class TimeoutJobAdmin(admin.ModelAdmin):
         at = ms_to_datetime(where.at_ms)
         label = {"scheduled": "due", "in flight": "visible again", "dead": "died"}[where.where]
         return format_html(
-            '<span id="tj-place">{}</span> in {} slot {}: {} {}', where.where, obj.topic,
-            obj.slot, label, when(at),
-        )  # fmt: skip
+            '<span id="tj-place">{}</span> in {} slot {}: {} {}',
+            where.where,
+            obj.topic,
+            obj.slot,
+            label,
+            when(at),
+        )
 
     @admin.display(description="Attempts")
     def attempt_history(self, obj):
@@ -157,25 +184,35 @@ class TimeoutJobAdmin(admin.ModelAdmin):
         if not entries:
             return "none settled yet"
         rows = format_html_join(
-            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            ((e.get("attempt"), when(e.get("at")), e.get("outcome"), e.get("error") or "")
-             for e in entries),
-        )  # fmt: skip
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (e.get("attempt"), when(e.get("at")), e.get("outcome"), e.get("error") or "")
+                for e in entries
+            ),
+        )
         return format_html(
             '<table id="tj-history"><thead><tr><th>Attempt</th><th>Settled</th><th>Outcome</th>'
-            "<th>Error</th></tr></thead><tbody>{}</tbody></table>", rows,
-        )  # fmt: skip
+            "<th>Error</th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
 
     def save_model(self, request, obj, form, change):
         if not change:
             job, created = timeout_job_ensure(
-                topic=obj.topic, biz_type=obj.biz_type, biz_id=obj.biz_id,
-                action_time=obj.action_time, attribute=obj.attribute,
-            )  # fmt: skip
+                topic=obj.topic,
+                biz_type=obj.biz_type,
+                biz_id=obj.biz_id,
+                action_time=obj.action_time,
+                attribute=obj.attribute,
+            )
             obj.pk = job.pk
             if not created:
-                self.message_user(request, f"A job was pending for this key already: job "
-                                  f"{job.pk}, left as it was.", messages.WARNING)  # fmt: skip
+                self.message_user(
+                    request,
+                    f"A job was pending for this key already: job {job.pk}, left as it was.",
+                    messages.WARNING,
+                )
             return
         if "action_time" in form.changed_data:
             try:
@@ -186,22 +223,34 @@ class TimeoutJobAdmin(admin.ModelAdmin):
     def save_related(self, request, form, formsets, change):
         pass  # no related objects, and nothing may be saved around the services
 
-    def _confirmed(self, request, queryset, action: str, label: str, *, ask_reason: bool = False,
-                   refused: bool = False):  # fmt: skip
+    def _confirmed(
+        self,
+        request,
+        queryset,
+        action: str,
+        label: str,
+        *,
+        ask_reason: bool = False,
+        refused: bool = False,
+    ):
         """None once the operator confirmed; else the confirmation page (what it will touch).
         ``ask_reason``: the page asks why (required; ``refused``: it was left empty)."""
         if request.POST.get("post") == "yes" and not ask_reason:
             return None
         context = {
-            "ask_reason": ask_reason, "reason_missing": refused,
+            "ask_reason": ask_reason,
+            "reason_missing": refused,
             **self.admin_site.each_context(request),
-            "title": "Are you sure?", "action": action, "action_label": label,
-            "count": queryset.count(), "cap": CANCEL_CAP,
+            "title": "Are you sure?",
+            "action": action,
+            "action_label": label,
+            "count": queryset.count(),
+            "cap": CANCEL_CAP,
             "sample": list(queryset.order_by("pk")[:20]),
             "select_across": request.POST.get("select_across") == "1",
             "selected": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME),
             "back": request.get_full_path(),
-        }  # fmt: skip
+        }
         return TemplateResponse(request, "admin/reminders/timeoutjob/confirm_action.html", context)
 
     @admin.action(description="Cancel the selected pending jobs", permissions=["change"])
@@ -222,16 +271,23 @@ class TimeoutJobAdmin(admin.ModelAdmin):
             + (f" (at most {CANCEL_CAP:,} per action)." if cancelled + left >= CANCEL_CAP else "."),
         )
 
-    @admin.action(description="End the selected pending or stuck running jobs",
-                  permissions=["change"])  # fmt: skip
+    @admin.action(
+        description="End the selected pending or stuck running jobs", permissions=["change"]
+    )
     def end_jobs(self, request, queryset):
         """What a cancel refuses: a job stuck ``running`` (its worker stalled or died mid-firing)
         is ended through ``timeout_job_end``, with the reason the operator gives."""
         reason = " ".join(request.POST.get("reason", "").split())
         if request.POST.get("post") != "yes" or not reason:
             refused = request.POST.get("post") == "yes"  # confirmed with no reason
-            return self._confirmed(request, queryset, "end_jobs", "End pending or running jobs",
-                                   ask_reason=True, refused=refused)  # fmt: skip
+            return self._confirmed(
+                request,
+                queryset,
+                "end_jobs",
+                "End pending or running jobs",
+                ask_reason=True,
+                refused=refused,
+            )
         ended, left = 0, 0
         for job in queryset.order_by("pk")[:CANCEL_CAP]:
             try:
@@ -240,9 +296,10 @@ class TimeoutJobAdmin(admin.ModelAdmin):
             except BusinessError:
                 left += 1  # fired or cancelled already, or held by another transaction
         self.message_user(
-            request, f"Ended {ended} job(s); {left} were not pending or running (or busy) and "
+            request,
+            f"Ended {ended} job(s); {left} were not pending or running (or busy) and "
             "were left alone.",
-        )  # fmt: skip
+        )
 
     @admin.action(description="Requeue the selected dead jobs", permissions=["change"])
     def requeue_dead_jobs(self, request, queryset):
@@ -283,8 +340,17 @@ class TimeoutJobAdmin(admin.ModelAdmin):
 
 @admin.register(ReminderSubscription)
 class ReminderSubscriptionAdmin(ExactIdSearch, admin.ModelAdmin):
-    list_display = ["id", "user_id", "coupon", "remind_at", "status", "priority", "slot",
-                    "drop_reason", "sent_at"]  # fmt: skip
+    list_display = [
+        "id",
+        "user_id",
+        "coupon",
+        "remind_at",
+        "status",
+        "priority",
+        "slot",
+        "drop_reason",
+        "sent_at",
+    ]
     list_filter = ["status", "priority"]
     search_fields = ["=user_id", "=coupon__id"]
     search_help_text = "Exact end-user id or coupon id."

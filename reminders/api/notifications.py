@@ -18,15 +18,27 @@ class NotificationOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = Notification
         fields = [
-            "id", "user_id", "kind", "title", "body", "payload", "created_at", "visible_at",
-            "read_at", "push", "held",
-        ]  # fmt: skip
+            "id",
+            "user_id",
+            "kind",
+            "title",
+            "body",
+            "payload",
+            "created_at",
+            "visible_at",
+            "read_at",
+            "push",
+            "held",
+        ]
         extra_kwargs = {
-            "push": {"help_text": "Pushed to the device; false: inbox only (over the per-user "
-                                  "push cap)."},
-            "held": {"help_text": "Over the cap and waiting to be folded into the user's next "
-                                  "push (its `payload.digest`)."},
-        }  # fmt: skip
+            "push": {
+                "help_text": "Pushed to the device; false: inbox only (over the per-user push cap)."
+            },
+            "held": {
+                "help_text": "Over the cap and waiting to be folded into the user's next "
+                "push (its `payload.digest`)."
+            },
+        }
 
 
 class NotificationListApi(APIView):

@@ -32,9 +32,16 @@ class SubscriptionOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = ReminderSubscription
         fields = [
-            "id", "coupon", "coupon_name", "user_id", "remind_at", "status", "drop_reason",
-            "sent_at", "created_at",
-        ]  # fmt: skip
+            "id",
+            "coupon",
+            "coupon_name",
+            "user_id",
+            "remind_at",
+            "status",
+            "drop_reason",
+            "sent_at",
+            "created_at",
+        ]
 
 
 class SubscriptionListApi(APIView):

@@ -94,8 +94,9 @@ def bench_backlog_size(
     leases = SlotLeases("bench-backlog", ttl_ms=600_000, client=client)
     try:
         before = _used_memory(client)
-        _schedule(topic, 0, pending, now + 3_600_000, slots, client, progress,
-                  f"backlog {pending:,}")  # fmt: skip
+        _schedule(
+            topic, 0, pending, now + 3_600_000, slots, client, progress, f"backlog {pending:,}"
+        )
         grown = _used_memory(client) - before
         leases.sync({topic: range(slots)})
         # Each way WARMUP + ROUNDS times, alternating, a fresh sample each time; the median of
@@ -135,12 +136,24 @@ def _claim_parcels(topic, slots, leases, now, sample, client) -> int:
     done, started = 0, time.perf_counter()
     for slot in range(slots):
         token = leases.token(topic, slot)
-        while parcel := queue.claim_parcel(topic, slot, now_ms=now, limit=CLAIM_BATCH,
-                                           visibility_ms=60_000, lease_token=token,
-                                           client=client):  # fmt: skip
-            settled = queue.settle_parcels(topic, [(slot, parcel.parcel_id, [])], now_ms=now,
-                                           max_attempts=3, backoff_base_ms=1000,
-                                           backoff_cap_ms=1000, client=client)  # fmt: skip
+        while parcel := queue.claim_parcel(
+            topic,
+            slot,
+            now_ms=now,
+            limit=CLAIM_BATCH,
+            visibility_ms=60_000,
+            lease_token=token,
+            client=client,
+        ):
+            settled = queue.settle_parcels(
+                topic,
+                [(slot, parcel.parcel_id, [])],
+                now_ms=now,
+                max_attempts=3,
+                backoff_base_ms=1000,
+                backoff_cap_ms=1000,
+                client=client,
+            )
             if settled.missing:
                 raise AssertionError("a parcel went missing before it was settled")
             done += parcel.size
@@ -155,11 +168,19 @@ def _claim_entries(topic, slots, leases, now, sample, client) -> int:
     done, started = 0, time.perf_counter()
     for slot in range(slots):
         token = leases.token(topic, slot)
-        while entries := queue.claim(topic, slot, now_ms=now, limit=CLAIM_BATCH,
-                                     visibility_ms=60_000, lease_token=token,
-                                     with_due=False, client=client):  # fmt: skip
-            done += queue.ack(topic, slot, [e.job_id for e in entries], lease_token=token,
-                              client=client)  # fmt: skip
+        while entries := queue.claim(
+            topic,
+            slot,
+            now_ms=now,
+            limit=CLAIM_BATCH,
+            visibility_ms=60_000,
+            lease_token=token,
+            with_due=False,
+            client=client,
+        ):
+            done += queue.ack(
+                topic, slot, [e.job_id for e in entries], lease_token=token, client=client
+            )
     seconds = time.perf_counter() - started
     if done != sample:
         raise AssertionError(f"claimed {done} of {sample} entry by entry")
@@ -192,10 +213,14 @@ def _load_subscriptions(coupon: Coupon, count: int, progress: Progress | None) -
                     )
             else:
                 ReminderSubscription.objects.bulk_create(
-                    ReminderSubscription(coupon=coupon, user_id=USER_BASE + i, slot=i % 16,
-                                         remind_at=at + timedelta(seconds=i % 3600))
+                    ReminderSubscription(
+                        coupon=coupon,
+                        user_id=USER_BASE + i,
+                        slot=i % 16,
+                        remind_at=at + timedelta(seconds=i % 3600),
+                    )
                     for i in range(lo, hi)
-                )  # fmt: skip
+                )
         if progress:
             progress(f"subscriptions {count:,}", hi, count)
     vacuum_analyze()
@@ -206,9 +231,11 @@ def bench_rebuild_size(count: int, *, progress: Progress | None = None) -> dict[
     if ReminderSubscription.objects.filter(status=ReminderSubscription.Status.SCHEDULED).exists():
         raise RuntimeError("the rebuild bench needs a database with no scheduled reminders")
     coupon = Coupon.objects.create(
-        name="__bench_rebuild__", claim_opens_at=timezone.now() + timedelta(days=400),
-        total_stock=max(count, 1), valid_for=timedelta(days=1),
-    )  # fmt: skip
+        name="__bench_rebuild__",
+        claim_opens_at=timezone.now() + timedelta(days=400),
+        total_stock=max(count, 1),
+        valid_for=timedelta(days=1),
+    )
     bench_prefix = f"bench-rebuild-{uuid.uuid4().hex[:8]}"
     try:
         _load_subscriptions(coupon, count, progress)

@@ -91,13 +91,21 @@ def bench_claim_ack(
         for slot in range(slots):
             token = leases.token(topic, slot)
             while True:
-                entries = queue.claim(topic, slot, now_ms=now, limit=batch, visibility_ms=30_000,
-                                      lease_token=token, with_due=with_due,
-                                      client=client)  # fmt: skip
+                entries = queue.claim(
+                    topic,
+                    slot,
+                    now_ms=now,
+                    limit=batch,
+                    visibility_ms=30_000,
+                    lease_token=token,
+                    with_due=with_due,
+                    client=client,
+                )
                 if not entries:
                     break
-                done += queue.ack(topic, slot, [e.job_id for e in entries], lease_token=token,
-                                  client=client)  # fmt: skip
+                done += queue.ack(
+                    topic, slot, [e.job_id for e in entries], lease_token=token, client=client
+                )
         result = _rate(done, time.perf_counter() - start)
     finally:
         _cleanup(client, topic, slots)

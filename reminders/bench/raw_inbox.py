@@ -56,11 +56,20 @@ def _write(batch: list[int]) -> int:
             [now, now, *batch],
         )
         rows = [
-            (user, f"reminder:{pk}", "coupon_reminder", "Coupon opens in 1 minute", "Coupon",
-             json.dumps({"coupons": [{"id": coupon}], "subscriptions": [pk]}), now, now, True,
-             False)
+            (
+                user,
+                f"reminder:{pk}",
+                "coupon_reminder",
+                "Coupon opens in 1 minute",
+                "Coupon",
+                json.dumps({"coupons": [{"id": coupon}], "subscriptions": [pk]}),
+                now,
+                now,
+                True,
+                False,
+            )
             for pk, user, coupon in cursor.fetchall()
-        ]  # fmt: skip
+        ]
         for first in range(0, len(rows), INSERT_CHUNK):
             chunk = rows[first : first + INSERT_CHUNK]
             values = ",".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(chunk))

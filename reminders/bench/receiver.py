@@ -55,8 +55,11 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         wanted = parse_qs(url.query).get("lateness", [None])[0]
         with _lock:
-            stats = {path: {"count": len(times), "first": min(times), "last": max(times)}
-                     for path, times in _seen.items() if times}  # fmt: skip
+            stats = {
+                path: {"count": len(times), "first": min(times), "last": max(times)}
+                for path, times in _seen.items()
+                if times
+            }
             if wanted:
                 stats["lateness_ms"] = list(_late.get(wanted, []))
         body = json.dumps(stats).encode()

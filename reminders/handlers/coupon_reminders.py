@@ -116,10 +116,10 @@ def flush_reminders(topic: str) -> None:
     except Exception as exc:
         logger.exception("handing %d reminders of %s to Celery failed", count, topic)
         error = f"{type(exc).__name__}: {exc}"[:500]
-        failures = [(p.slot, p.parcel_id, [(job_id, error) for job_id in p.job_ids()])
-                    for p in parcels]  # fmt: skip
-        reminders_retry_parcels(topic, failures, live=reminder_settings_get(),
-                                now_ms=epoch_ms())  # fmt: skip
+        failures = [
+            (p.slot, p.parcel_id, [(job_id, error) for job_id in p.job_ids()]) for p in parcels
+        ]
+        reminders_retry_parcels(topic, failures, live=reminder_settings_get(), now_ms=epoch_ms())
         raise
 
 

@@ -143,10 +143,15 @@ def timeout_jobs_take(
 
 
 def _retry_handed(spec: TimeoutTopicSpec, slot: int, entries: list[Claimed], error: str) -> None:
-    queue.nack_handed(spec.name, slot, [(e.job_id, error) for e in entries],
-                      now_ms=epoch_ms(timezone.now()), max_attempts=spec.max_attempts,
-                      backoff_base_ms=spec.backoff_base_ms,
-                      backoff_cap_ms=spec.backoff_cap_ms)  # fmt: skip
+    queue.nack_handed(
+        spec.name,
+        slot,
+        [(e.job_id, error) for e in entries],
+        now_ms=epoch_ms(timezone.now()),
+        max_attempts=spec.max_attempts,
+        backoff_base_ms=spec.backoff_base_ms,
+        backoff_cap_ms=spec.backoff_cap_ms,
+    )
 
 
 def settle_fired(spec: TimeoutTopicSpec, fired: list[Fired]) -> dict[str, int]:
@@ -282,11 +287,18 @@ def _trace_fired(spec: TimeoutTopicSpec, fired: list[Fired], *, dead: set[int]) 
     for f in fired:
         outcome = "fired" if f.error is None else ("dead" if f.job.pk in dead else "retried")
         tracing.end_job_span(
-            "timeout.fire", f.job.traceparent, due=f.job.action_time, outcome=outcome,
-            attributes={"couponcenter.topic": spec.name, "couponcenter.job_id": f.job.pk,
-                        "couponcenter.attempt": f.attempt, "couponcenter.topic_type": spec.type,
-                        "couponcenter.error": f.error or ""},
-        )  # fmt: skip
+            "timeout.fire",
+            f.job.traceparent,
+            due=f.job.action_time,
+            outcome=outcome,
+            attributes={
+                "couponcenter.topic": spec.name,
+                "couponcenter.job_id": f.job.pk,
+                "couponcenter.attempt": f.attempt,
+                "couponcenter.topic_type": spec.type,
+                "couponcenter.error": f.error or "",
+            },
+        )
 
 
 def job_payload(job: TimeoutJob) -> dict[str, Any]:
@@ -313,9 +325,15 @@ def fire_jobs(
     """
     if spec.type == "log":
         for job in jobs:
-            logger.info("timeout fired: %s %s:%s (job %s, due %s)", job.topic, job.biz_type,
-                        job.biz_id, job.pk, job.action_time.isoformat(),
-                        extra=job_payload(job))  # fmt: skip
+            logger.info(
+                "timeout fired: %s %s:%s (job %s, due %s)",
+                job.topic,
+                job.biz_type,
+                job.biz_id,
+                job.pk,
+                job.action_time.isoformat(),
+                extra=job_payload(job),
+            )
         return {}
     if spec.type == "callable":
         answer = import_string(spec.path)(jobs) or {}
@@ -329,9 +347,15 @@ def fire_jobs(
     for job in jobs:
         body = json.dumps(job_payload(job), sort_keys=True).encode()
         try:
-            post_signed(spec.url, body, secret=spec.secret, session=session,
-                        idempotency_key=f"{job.topic}:{job.pk}",
-                        timeout_s=spec.timeout_ms / 1000, allow_http=spec.allow_http)  # fmt: skip
+            post_signed(
+                spec.url,
+                body,
+                secret=spec.secret,
+                session=session,
+                idempotency_key=f"{job.topic}:{job.pk}",
+                timeout_s=spec.timeout_ms / 1000,
+                allow_http=spec.allow_http,
+            )
         except Exception as exc:  # noqa: BLE001 - any failure of the call is retried
             errors[job.pk] = f"{exc.__class__.__name__}: {exc}"[:500]
     return errors

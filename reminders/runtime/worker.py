@@ -64,9 +64,12 @@ class Reconciler:
     """
 
     def __init__(
-        self, every_s: float | None = None, window_s: float | None = None, *,
+        self,
+        every_s: float | None = None,
+        window_s: float | None = None,
+        *,
         background: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.every_s = settings.RECONCILE_EVERY_S if every_s is None else every_s
         self.window_s = settings.RECONCILE_WINDOW_S if window_s is None else window_s
         self.last = float("-inf")  # the first call always runs, however young the host is
@@ -86,9 +89,11 @@ class Reconciler:
             seconds = round(time.perf_counter() - started, 3)
             logger.warning(
                 "Redis epoch marker missing (first start, flush or restart): full rebuild, "
-                "%s re-indexed in %.3f s", counts, seconds,
+                "%s re-indexed in %.3f s",
+                counts,
+                seconds,
                 extra={"counts": counts, "seconds": seconds},
-            )  # fmt: skip
+            )
             return None
         if time.monotonic() - self.last < self.every_s:
             return None
@@ -122,12 +127,14 @@ class Reconciler:
         counts = services.queues_rebuild(due_before=window_end)
         if any(counts.values()):
             # The counts in the text too: the plain log format drops ``extra``.
-            logger.warning("reconcile re-indexed missing entries: %s", counts,
-                           extra={"counts": counts})  # fmt: skip
+            logger.warning(
+                "reconcile re-indexed missing entries: %s", counts, extra={"counts": counts}
+            )
         orphans = queues_prune_orphans(due_before=window_end)
         if orphans:
-            logger.warning("reconcile removed orphaned entries: %s", orphans,
-                           extra={"counts": orphans})  # fmt: skip
+            logger.warning(
+                "reconcile removed orphaned entries: %s", orphans, extra={"counts": orphans}
+            )
             for topic, removed in orphans.items():
                 metrics.record(topic, {"orphaned": removed})
         logger.debug("reconcile took %.3f s", time.perf_counter() - started)

@@ -58,9 +58,11 @@ def _with_users(letters: list[DeadLetter]) -> list[DeadLetter]:
         if is_reminder_topic(letter.topic):
             sub_of[letter.key] = try_sub_id_of(letter.job_id)
     wanted = {sub for sub in sub_of.values() if sub is not None}
-    users = dict(
-        ReminderSubscription.objects.filter(pk__in=wanted).values_list("pk", "user_id")
-    ) if wanted else {}  # fmt: skip
+    users = (
+        dict(ReminderSubscription.objects.filter(pk__in=wanted).values_list("pk", "user_id"))
+        if wanted
+        else {}
+    )
     for letter in letters:
         letter.user_id = users.get(sub_of.get(letter.key))
     return letters

@@ -158,9 +158,11 @@ def recent_lateness(series: dict[str, list[dict]], *, minutes: int = RECENT_MINU
     hist = metrics.merged(row for rows in series.values() for row in rows[-minutes:])
     p99 = metrics.percentile(hist, 0.99)
     return Lateness(
-        samples=sum(hist.values()), p50_ms=metrics.percentile(hist, 0.50), p99_ms=p99,
+        samples=sum(hist.values()),
+        p50_ms=metrics.percentile(hist, 0.50),
+        p99_ms=p99,
         p99_bucket_ms=metrics.bucket_bounds(p99) if p99 is not None else None,
-    )  # fmt: skip
+    )
 
 
 def recent_p99_ms(series: dict[str, list[dict]], *, minutes: int = RECENT_MINUTES) -> int | None:
@@ -269,19 +271,25 @@ def timeout_topic_rows(
     rows = []
     for name, spec in timeout_topic_specs().items():
         recent = recent_lateness({name: series.get(name, [])})
-        hour = {n: sum(r[n] for r in series.get(name, [])) for n in ("delivered", "failed",
-                                                                      "dead")}  # fmt: skip
+        hour = {n: sum(r[n] for r in series.get(name, [])) for n in ("delivered", "failed", "dead")}
         bucket = rates.state(name) if spec.rate_limit_per_s else None
         in_flight, capacity = load.get(name, [0, 0])
         rows.append(
             TimeoutTopicRow(
-                name=name, type=spec.type, target=origin(spec.url) if spec.url else spec.target,
-                paused=spec.paused, read_only=spec.read_only, backlog=backlogs.get(name),
-                lateness_p50_ms=recent.p50_ms, lateness_p99_ms=recent.p99_ms, hour=hour,
+                name=name,
+                type=spec.type,
+                target=origin(spec.url) if spec.url else spec.target,
+                paused=spec.paused,
+                read_only=spec.read_only,
+                backlog=backlogs.get(name),
+                lateness_p50_ms=recent.p50_ms,
+                lateness_p99_ms=recent.p99_ms,
+                hour=hour,
                 rate_limit_per_s=spec.rate_limit_per_s,
                 tokens=bucket.tokens if bucket else None,
                 throttled=bucket.throttled if bucket else 0,
-                in_flight=in_flight, capacity=capacity,
+                in_flight=in_flight,
+                capacity=capacity,
             )
-        )  # fmt: skip
+        )
     return rows

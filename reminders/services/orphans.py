@@ -38,11 +38,13 @@ def queues_prune_orphans(*, due_before: datetime, now: datetime | None = None) -
     removed: dict[str, int] = {}
     slots = reminder_settings_get().slots
     for topic in REMINDER_TOPICS:
-        removed[topic] = _prune(topic, queue.served_slot_count(topic, slots), before_ms,
-                                _subscription_orphans(quiet))  # fmt: skip
+        removed[topic] = _prune(
+            topic, queue.served_slot_count(topic, slots), before_ms, _subscription_orphans(quiet)
+        )
     for name, spec in timeout_topic_specs().items():
-        removed[name] = _prune(name, queue.served_slot_count(name, spec.slots), before_ms,
-                               _job_orphans(quiet))  # fmt: skip
+        removed[name] = _prune(
+            name, queue.served_slot_count(name, spec.slots), before_ms, _job_orphans(quiet)
+        )
     return {topic: n for topic, n in removed.items() if n}
 
 
@@ -67,8 +69,9 @@ def _subscription_orphans(quiet: datetime):
                 pk__in=list(by_id)
             ).values_list("pk", "status", "updated_at")
         }
-        return [value for pk, value in by_id.items() if _final(rows.get(pk), LIVE_SUBSCRIPTION,
-                                                               quiet)]  # fmt: skip
+        return [
+            value for pk, value in by_id.items() if _final(rows.get(pk), LIVE_SUBSCRIPTION, quiet)
+        ]
 
     return orphans
 

@@ -46,8 +46,9 @@ def quota_attributes_check(*, by_field: Iterable[tuple[str, dict[str, Any] | Non
     errors = {}
     for field, attribute in by_field:
         if attribute and (size := attributes.size(attribute)) > limit:
-            errors[field] = [f"Too large: {size:,} bytes of JSON; this account's limit is "
-                             f"{limit:,}."]  # fmt: skip
+            errors[field] = [
+                f"Too large: {size:,} bytes of JSON; this account's limit is {limit:,}."
+            ]
     if errors:
         raise ValidationError(errors)
 

@@ -151,9 +151,15 @@ def timeout_job_ensure(
             return existing, False
     for _ in range(3):  # the pending job fired or was cancelled in between: try again
         try:
-            job = timeout_job_create(topic=topic, biz_type=biz_type, biz_id=biz_id,
-                                     action_time=action_time, attribute=attribute,
-                                     recurrence=recurrence, owner_id=owner_id)  # fmt: skip
+            job = timeout_job_create(
+                topic=topic,
+                biz_type=biz_type,
+                biz_id=biz_id,
+                action_time=action_time,
+                attribute=attribute,
+                recurrence=recurrence,
+                owner_id=owner_id,
+            )
             return job, True
         except TimeoutJobConflict:
             existing = timeout_job_pending_by_key(topic=topic, biz_type=biz_type, biz_id=biz_id)
@@ -249,10 +255,19 @@ def timeout_job_end(*, job: TimeoutJob, reason: str, by: str) -> TimeoutJob:
                 f"UPDATE {TimeoutJob._meta.db_table} SET status = %s, last_error = %s, "
                 f"gmt_modified = %s, history = {append} WHERE job_id = %s AND status IN (%s, %s) "
                 "RETURNING job_id",
-                [Status.CANCELLED, text, connection.ops.adapt_datetimefield_value(now),
-                 job.attempts, now.isoformat(), "ended", text, job.pk, Status.PENDING,
-                 Status.RUNNING],
-            )  # fmt: skip
+                [
+                    Status.CANCELLED,
+                    text,
+                    connection.ops.adapt_datetimefield_value(now),
+                    job.attempts,
+                    now.isoformat(),
+                    "ended",
+                    text,
+                    job.pk,
+                    Status.PENDING,
+                    Status.RUNNING,
+                ],
+            )
             ended = cursor.fetchone() is not None
     except OperationalError as exc:
         if getattr(exc.__cause__, "pgcode", None) != LOCK_NOT_AVAILABLE:

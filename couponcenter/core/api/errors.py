@@ -107,9 +107,12 @@ def conflict_serializer(
     refusals add (not required)."""
     return inline_serializer(
         name=name,
-        fields={"code": serializers.ChoiceField(choices=codes), "detail": serializers.CharField(),
-                **extra},
-    )  # fmt: skip
+        fields={
+            "code": serializers.ChoiceField(choices=codes),
+            "detail": serializers.CharField(),
+            **extra,
+        },
+    )
 
 
 BAD_REQUEST = OpenApiResponse(ValidationErrorSerializer, description="Bad input: field errors.")

@@ -53,9 +53,12 @@ def _depth_within(data: object, limit: int) -> bool:
     """Whether ``data`` nests at most ``limit`` levels: one level of containers at a time."""
     level = [data] if isinstance(data, dict | list) else []
     for _ in range(limit):
-        level = [inner for item in level
-                 for inner in (item.values() if type(item) is dict else item)
-                 if type(inner) is dict or type(inner) is list]  # fmt: skip
+        level = [
+            inner
+            for item in level
+            for inner in (item.values() if type(item) is dict else item)
+            if type(inner) is dict or type(inner) is list
+        ]
         if not level:
             return True
     return not level
@@ -75,8 +78,10 @@ def _lone_surrogate_at(data: object) -> str | None:
                     return _described(key, f"the key {inner}")
                 stack.append((value, inner))
         elif isinstance(item, list):
-            stack.extend((value, f"{path}.{index}" if path else str(index))
-                         for index, value in enumerate(item))  # fmt: skip
+            stack.extend(
+                (value, f"{path}.{index}" if path else str(index))
+                for index, value in enumerate(item)
+            )
         elif isinstance(item, str) and _SURROGATE.search(item):
             return _described(item, path or "the body")
     return None

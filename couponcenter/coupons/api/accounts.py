@@ -35,20 +35,26 @@ class AccountApi(APIView):
             r"^[\w.@+-]{1,150}$", help_text="Letters, digits and @ . + - _ (at most 150)."
         )
         user_id = serializers.IntegerField(
-            required=False, allow_null=True, min_value=1, max_value=MAX_USER_ID,
+            required=False,
+            allow_null=True,
+            min_value=1,
+            max_value=MAX_USER_ID,
             help_text="The end user this account acts for (an end user's app).",
-        )  # fmt: skip
+        )
         permissions = serializers.ListField(
             child=serializers.ChoiceField(choices=sorted(services.ACCOUNT_PERMISSIONS)),
-            required=False, default=list, max_length=len(services.ACCOUNT_PERMISSIONS),
+            required=False,
+            default=list,
+            max_length=len(services.ACCOUNT_PERMISSIONS),
             help_text="What else the account may do; the account has exactly these afterwards. "
             "Only permissions the caller holds itself.",
-        )  # fmt: skip
+        )
         update = serializers.BooleanField(
-            required=False, default=False,
+            required=False,
+            default=False,
             help_text="Change an existing account (link and permissions) and get its token back. "
             "Without it, an existing username is refused (409 account_exists).",
-        )  # fmt: skip
+        )
 
         def validate(self, attrs: dict) -> dict:
             if attrs.get("user_id") and "act_for_any_user" in attrs["permissions"]:
@@ -87,12 +93,12 @@ class AccountApi(APIView):
                 "An end user's app",
                 value={"username": "app-4242", "user_id": 4242},
                 request_only=True,
-            ),  # fmt: skip
+            ),
             OpenApiExample(
                 "A team's service",
                 request_only=True,
                 value={"username": "orders-svc", "permissions": ["manage_timeouts"]},
-            ),  # fmt: skip
+            ),
         ],
     )
     def post(self, request: Request) -> Response:
@@ -100,12 +106,19 @@ class AccountApi(APIView):
         body.is_valid(raise_exception=True)
         v = body.validated_data
         user, token, created = services.account_provision(
-            username=v["username"], end_user_id=v.get("user_id"),
-            permissions=tuple(v["permissions"]), api_only=True, update=v["update"],
+            username=v["username"],
+            end_user_id=v.get("user_id"),
+            permissions=tuple(v["permissions"]),
+            api_only=True,
+            update=v["update"],
             granted_by=request.user,
-        )  # fmt: skip
-        out = {"username": user.username, "user_id": v.get("user_id"),
-               "permissions": services.account_permissions(user), "token": token}  # fmt: skip
+        )
+        out = {
+            "username": user.username,
+            "user_id": v.get("user_id"),
+            "permissions": services.account_permissions(user),
+            "token": token,
+        }
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(self.OutputSerializer(out).data, status=code)
 
@@ -119,9 +132,10 @@ class AccountTokenRevokeApi(APIView):
             ref_name = "AccountTokenRevokeInput"
 
         username = serializers.CharField(
-            max_length=150, validators=[get_user_model().username_validator],
+            max_length=150,
+            validators=[get_user_model().username_validator],
             help_text="The user whose token is revoked.",
-        )  # fmt: skip
+        )
 
     @extend_schema(
         operation_id="accounts_token_revoke",

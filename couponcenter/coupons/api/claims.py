@@ -168,8 +168,12 @@ class UserCouponListApi(APIView):
         the view's ``Allow`` and ``Vary`` headers."""
         response.accepted_renderer = _json_renderer
         response.accepted_media_type = _json_renderer.media_type
-        response.renderer_context = {"view": self, "args": (), "kwargs": self.kwargs,
-                                     "request": request}  # fmt: skip
+        response.renderer_context = {
+            "view": self,
+            "args": (),
+            "kwargs": self.kwargs,
+            "request": request,
+        }
         headers = self.default_response_headers
         vary = headers.pop("Vary", None)
         if vary is not None:

@@ -28,10 +28,23 @@ class CouponOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = Coupon
         fields = [
-            "id", "name", "description", "claim_opens_at", "claim_closes_at", "total_stock",
-            "claimed_count", "remaining_stock", "per_user_limit", "expires_at", "valid_for",
-            "reminder_lead", "reminder_priority", "status", "created_at", "updated_at",
-        ]  # fmt: skip
+            "id",
+            "name",
+            "description",
+            "claim_opens_at",
+            "claim_closes_at",
+            "total_stock",
+            "claimed_count",
+            "remaining_stock",
+            "per_user_limit",
+            "expires_at",
+            "valid_for",
+            "reminder_lead",
+            "reminder_priority",
+            "status",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = fields
 
 

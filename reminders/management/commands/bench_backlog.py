@@ -42,16 +42,20 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(result))
             return
         for row in result["sizes"]:
-            self.stdout.write(f"{row['pending']:>12,} pending: {row['bytes_per_pending']:>6} "
-                              f"bytes each, claim + settle in parcels "
-                              f"{row['claim_ack_per_s']:,}/s, claim + ack entry by entry "
-                              f"{row['claim_ack_per_s_per_entry']:,}/s")  # fmt: skip
+            self.stdout.write(
+                f"{row['pending']:>12,} pending: {row['bytes_per_pending']:>6} "
+                f"bytes each, claim + settle in parcels "
+                f"{row['claim_ack_per_s']:,}/s, claim + ack entry by entry "
+                f"{row['claim_ack_per_s_per_entry']:,}/s"
+            )
         self.stdout.write(
             f"claim rate, largest / smallest backlog: {result['claim_rate_growth']}"
             f" in parcels, {result['claim_rate_growth_per_entry']} entry by entry"
         )
         for row in result.get("rebuild", ()):
-            self.stdout.write(f"{row['scheduled']:>12,} scheduled: rebuilt from PostgreSQL in "
-                              f"{row['rebuild_s']} s, {row['rebuild_per_s']:,}/s")  # fmt: skip
+            self.stdout.write(
+                f"{row['scheduled']:>12,} scheduled: rebuilt from PostgreSQL in "
+                f"{row['rebuild_s']} s, {row['rebuild_per_s']:,}/s"
+            )
         if "rebuild_rate_growth" in result:
             self.stdout.write(f"rebuild rate, largest / smallest: {result['rebuild_rate_growth']}")

@@ -47,9 +47,14 @@ class Command(BaseCommand):
         if not 0 <= backlog <= 50_000_000:
             raise CommandError("--backlog must be between 0 and 50,000,000")
         with progress_bars(self.stderr._out) as progress:
-            result = end_to_end.run(count=count, steady_rate=steady_rate,
-                               steady_seconds=steady_seconds, prestage_ms=prestage_ms,
-                               backlog=backlog, progress=progress)  # fmt: skip
+            result = end_to_end.run(
+                count=count,
+                steady_rate=steady_rate,
+                steady_seconds=steady_seconds,
+                prestage_ms=prestage_ms,
+                backlog=backlog,
+                progress=progress,
+            )
         if options["json"]:
             self.stdout.write(json.dumps(result))
             return

@@ -44,11 +44,15 @@ class Command(BaseCommand):
             raise CommandError("bench_timeouts loads and deletes data: run it with DEBUG=1")
         with progress_bars(self.stderr._out) as progress:
             result = timeouts.run(
-                count=options["count"], raw_count=options["raw_count"],
-                concurrency=options["concurrency"], steady_rate=options["steady_rate"],
-                steady_seconds=options["steady_seconds"], bulk_jobs=options["bulk_jobs"],
-                cancels=options["cancels"], progress=progress,
-            )  # fmt: skip
+                count=options["count"],
+                raw_count=options["raw_count"],
+                concurrency=options["concurrency"],
+                steady_rate=options["steady_rate"],
+                steady_seconds=options["steady_seconds"],
+                bulk_jobs=options["bulk_jobs"],
+                cancels=options["cancels"],
+                progress=progress,
+            )
         if options["json"]:
             self.stdout.write(json.dumps(result))
             return

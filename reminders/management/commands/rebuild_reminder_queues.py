@@ -15,7 +15,7 @@ class Command(BaseCommand):
         bars = {
             name: tqdm(
                 total=total, desc=name, unit="job", file=self.stderr._out, leave=True, disable=None
-            )  # fmt: skip
+            )
             for name, total in totals.items()
         }
         counts = services.queues_rebuild(progress=lambda name, n: bars[name].update(n))

@@ -17,8 +17,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="drain what is due now and exit")
-        parser.add_argument("--topic", action="append", dest="topics", metavar="T",
-                            help="serve only this topic (repeatable)")  # fmt: skip
+        parser.add_argument(
+            "--topic",
+            action="append",
+            dest="topics",
+            metavar="T",
+            help="serve only this topic (repeatable)",
+        )
 
     def handle(self, *args, once: bool, topics: list[str] | None, **options):
         try:
@@ -39,8 +44,11 @@ class Command(BaseCommand):
         tune_gc()
         stop_on_signals(worker.stop)
         worker.run_forever()
-        stuck = [t.name for t in threading.enumerate()
-                 if t.name.startswith(FIRE_THREAD_PREFIX) and t.is_alive()]  # fmt: skip
+        stuck = [
+            t.name
+            for t in threading.enumerate()
+            if t.name.startswith(FIRE_THREAD_PREFIX) and t.is_alive()
+        ]
         if stuck:
             # A job that never returned holds an executor's thread, which the interpreter joins
             # at exit: its entry is in flight in Redis (reaped and fired again), so stop here.

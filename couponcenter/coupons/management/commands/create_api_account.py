@@ -17,9 +17,12 @@ class Command(BaseCommand):
         parser.add_argument("username")
         parser.add_argument("--user-id", type=int, help="the end user it acts for")
         parser.add_argument(
-            "--permission", action="append", default=[],
-            choices=sorted(services.ACCOUNT_PERMISSIONS), help="repeat for several",
-        )  # fmt: skip
+            "--permission",
+            action="append",
+            default=[],
+            choices=sorted(services.ACCOUNT_PERMISSIONS),
+            help="repeat for several",
+        )
 
     def handle(self, *args, username: str, user_id: int | None, permission: list[str], **opts):
         if not username or len(username) > 150:
@@ -30,9 +33,11 @@ class Command(BaseCommand):
             raise CommandError("an account linked to one user cannot act for any user")
         try:
             user, token, created = services.account_provision(
-                username=username, end_user_id=user_id, permissions=tuple(permission),
+                username=username,
+                end_user_id=user_id,
+                permissions=tuple(permission),
                 api_only=True,
-            )  # fmt: skip
+            )
         except BusinessError as exc:
             raise CommandError(exc.message) from None
         held = ", ".join(services.account_permissions(user)) or "none"

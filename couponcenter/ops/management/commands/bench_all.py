@@ -49,10 +49,14 @@ class Command(BaseCommand):
             raise CommandError("bench_all loads and deletes data: run it with DEBUG=1")
         with progress_bars(self.stderr._out) as progress:
             result = bench_all.run(
-                count=count, expiry_count=expiry_count, claims_seconds=claims_seconds,
-                peers=not options["no_peers"], parts=parts, progress=progress,
+                count=count,
+                expiry_count=expiry_count,
+                claims_seconds=claims_seconds,
+                peers=not options["no_peers"],
+                parts=parts,
+                progress=progress,
                 say=lambda message: self.stderr.write(message),
-            )  # fmt: skip
+            )
         if options["json"]:
             self.stdout.write(json.dumps(result, default=str))
             return

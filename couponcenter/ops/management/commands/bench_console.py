@@ -37,17 +37,28 @@ class Command(BaseCommand):
                 bench.cleanup()
         slowest = max(t.median_ms for t in timings)
         if json:
-            self.stdout.write(_json({"count": count, "load": load, "target_ms": TARGET_MS,
-                                     "slowest_median_ms": slowest,
-                                     "pages": [vars(t) for t in timings]}))  # fmt: skip
+            self.stdout.write(
+                _json(
+                    {
+                        "count": count,
+                        "load": load,
+                        "target_ms": TARGET_MS,
+                        "slowest_median_ms": slowest,
+                        "pages": [vars(t) for t in timings],
+                    }
+                )
+            )
             return
-        self.stdout.write(f"loaded {count:,} user coupons + {count:,} reminders in "
-                          f"{load['total_s']:.1f} s")  # fmt: skip
+        self.stdout.write(
+            f"loaded {count:,} user coupons + {count:,} reminders in {load['total_s']:.1f} s"
+        )
         self.stdout.write(f"{'page':<72} {'status':>6} {'best':>8} {'median':>8} {'worst':>8}")
         for t in timings:
             flag = "" if t.median_ms < TARGET_MS and t.status in (200, 302) else "  <-- over target"
-            self.stdout.write(f"{t.page:<72} {t.status:>6} {t.best_ms:>6.0f}ms "
-                              f"{t.median_ms:>6.0f}ms {t.worst_ms:>6.0f}ms{flag}")  # fmt: skip
+            self.stdout.write(
+                f"{t.page:<72} {t.status:>6} {t.best_ms:>6.0f}ms "
+                f"{t.median_ms:>6.0f}ms {t.worst_ms:>6.0f}ms{flag}"
+            )
         self.stdout.write(f"slowest median {slowest:.0f} ms (target < {TARGET_MS} ms)")
 
 

@@ -110,8 +110,10 @@ class Command(BaseCommand):
             ).values_list("status", flat=True)
         )
         remind_at = coupon.claim_opens_at - coupon.reminder_lead
-        parts = [f"{statuses[ReminderSubscription.Status.SCHEDULED]} scheduled for "
-                 f"{remind_at:%H:%M:%S} UTC"]  # fmt: skip
+        parts = [
+            f"{statuses[ReminderSubscription.Status.SCHEDULED]} scheduled for "
+            f"{remind_at:%H:%M:%S} UTC"
+        ]
         if statuses[ReminderSubscription.Status.SENT]:
             parts.append(f"{statuses[ReminderSubscription.Status.SENT]} sent on an earlier run")
         self.stdout.write(

@@ -63,16 +63,20 @@ class Command(BaseCommand):
             time.sleep(0.5)
         user = get_user_model().objects.filter(username=username).first()
         password = (known_password(user) if user else None) or "(run `make admin-password`)"
-        self.stdout.write(box([
-            "Coupon Center is running.",
-            "",
-            f"Admin and console  {url}/admin/   (console: {url}/admin/console/)",
-            f"Sign in as         {username} / {password}",
-            f"API docs           {url}/api/docs/",
-            f"Landing page       {url}/",
-            "",
-            "Ctrl-C stops everything; `make admin-password` sets a new admin password.",
-        ]))  # fmt: skip
+        self.stdout.write(
+            box(
+                [
+                    "Coupon Center is running.",
+                    "",
+                    f"Admin and console  {url}/admin/   (console: {url}/admin/console/)",
+                    f"Sign in as         {username} / {password}",
+                    f"API docs           {url}/api/docs/",
+                    f"Landing page       {url}/",
+                    "",
+                    "Ctrl-C stops everything; `make admin-password` sets a new admin password.",
+                ]
+            )
+        )
         self.stdout.flush()
         if no_wait:
             return

@@ -8,18 +8,15 @@ from django.db import transaction
 
 from couponcenter.core.live_settings import live_settings_save, live_settings_touch
 from reminders import selectors
-from reminders.engine import queue
-from reminders.members import REMINDER_TOPICS
 from reminders.models import ReminderSettings
+from reminders.services.indexing import layouts_record_on_commit
 
 
 def reminder_settings_save(*, instance: ReminderSettings) -> ReminderSettings:
     with transaction.atomic():
         live_settings_save(instance=instance)
         slots = instance.slots
-        transaction.on_commit(
-            lambda: [queue.record_layout(topic, slots) for topic in REMINDER_TOPICS]
-        )
+        layouts_record_on_commit(slots)
     selectors.reminder_settings_cache_clear()
     return instance
 

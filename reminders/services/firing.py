@@ -234,7 +234,7 @@ def timeout_jobs_next_times(
     known: dict[tuple[str, datetime, datetime], datetime | None | str] = {}
     calc = recurrence.calculator(topic) if any(job.recurrence for job in jobs) else None
     for job in jobs:
-        if not job.recurrence:
+        if not job.recurrence or calc is None:
             continue
         query = (job.recurrence, job.series_start or job.action_time, max(job.action_time, now))
         if query not in known:
@@ -246,10 +246,11 @@ def timeout_jobs_next_times(
                 known[query] = f"series ended: its recurrence no longer parses ({exc})"
             except OSError as exc:
                 known[query] = f"series ended: its recurrence could not be evaluated ({exc})"
-        if isinstance(known[query], str):
-            ended[job.pk] = known[query]
+        found = known[query]
+        if isinstance(found, str):
+            ended[job.pk] = found
         else:
-            times[job.pk] = known[query]
+            times[job.pk] = found
     return times, ended
 
 

@@ -17,7 +17,7 @@ from django.db.models import QuerySet
 
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
-from reminders.members import member, reminder_topic_for
+from reminders.members import REMINDER_TOPICS, member, reminder_topic_for
 from reminders.models import ReminderSubscription
 
 BULK_CHUNK = 5000  # rows per bulk read, statement or index call
@@ -29,6 +29,16 @@ def by_topic(rows, key: Callable) -> dict[str, list]:
         topic, item = key(row)
         grouped.setdefault(topic, []).append(item)
     return grouped
+
+
+def layouts_record_on_commit(slots: int) -> None:
+    """Note, once the transaction commits, that the reminder topics use ``slots`` slots."""
+
+    def record() -> None:
+        for topic in REMINDER_TOPICS:
+            queue.record_layout(topic, slots)
+
+    transaction.on_commit(record)
 
 
 def index_on_commit(subs: list[ReminderSubscription]) -> None:

@@ -24,11 +24,18 @@ from couponcenter.coupons.models import Coupon
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
-from reminders.members import REMINDER_TOPICS, member, reminder_topic_for
+from reminders.members import member, reminder_topic_for
 from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
-from .indexing import BULK_CHUNK, by_topic, index_on_commit, rebuild_rows, unindex_on_commit
+from .indexing import (
+    BULK_CHUNK,
+    by_topic,
+    index_on_commit,
+    layouts_record_on_commit,
+    rebuild_rows,
+    unindex_on_commit,
+)
 from .staging import staged_withdraw
 
 Status = ReminderSubscription.Status
@@ -75,9 +82,7 @@ def subscription_subscribe(
             sub.priority = coupon.reminder_priority
             sub.traceparent = tracing.current_traceparent()
             sub.save()
-        transaction.on_commit(
-            lambda: [queue.record_layout(topic, slots) for topic in REMINDER_TOPICS]
-        )
+        layouts_record_on_commit(slots)
         index_on_commit([sub])
     return sub, True
 

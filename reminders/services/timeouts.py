@@ -14,9 +14,9 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, OperationalError, connection, transaction
@@ -174,7 +174,23 @@ def timeout_job_pending_by_key(*, topic: str, biz_type: str, biz_id: str) -> Tim
     ).first()
 
 
-def timeout_jobs_index_on_commit(jobs: list[TimeoutJob], specs: dict) -> None:
+class Indexable(Protocol):
+    """What scheduling a job needs: a model instance or a bulk create's ``BulkJob``."""
+
+    @property
+    def job_id(self) -> int: ...
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def action_time(self) -> datetime: ...
+
+    @property
+    def slot(self) -> int: ...
+
+
+def timeout_jobs_index_on_commit(jobs: Sequence[Indexable], specs: dict) -> None:
     """Schedule these new jobs' entries (``specs``: their topics' specs) once the transaction
     commits."""
     by_topic: dict[str, list[tuple[str, int, int]]] = {}

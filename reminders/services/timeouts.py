@@ -28,11 +28,11 @@ from django.utils import timezone
 
 from couponcenter.core import tracing
 from couponcenter.core.errors import BusinessError, QuotaExceeded
-from reminders import recurrence
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
 from reminders.models import TimeoutJob
+from reminders.recurrence import budget, vetting
 from reminders.selectors.topics import timeout_topic_spec, timeout_topic_specs
 from reminders.services.quotas import quota_attributes_check, quota_creations_take
 from reminders.topic_specs import slot_basis
@@ -52,13 +52,13 @@ Status = TimeoutJob.Status
 
 
 def _first_time(rule: str, action_time: datetime, *, vetted: bool = False) -> datetime:
-    """When the series of a new recurring job starts (``recurrence.first_occurrence``), or a
+    """When the series of a new recurring job starts (``vetting.first_occurrence``), or a
     ValidationError that says why its rule is refused. ``vetted``: the rule passed ``vet`` for
     another job of the same request."""
     try:
         if vetted:
-            return recurrence.start_of(rule, action_time, timezone.now())
-        return recurrence.first_occurrence(rule, action_time, timezone.now())
+            return vetting.start_of(rule, action_time, timezone.now())
+        return vetting.first_occurrence(rule, action_time, timezone.now())
     except ValueError as exc:
         raise ValidationError({"recurrence": [f"Invalid: {exc}."]}) from None
     except OSError as exc:  # the child process: not the rule's fault
@@ -231,15 +231,15 @@ def timeout_jobs_bulk_create(
 
 def _with_series_starts(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The jobs, each recurring one starting when its series does (``series_start`` its given
-    action time): each distinct rule vetted once, at most ``recurrence.BULK_MAX_RULES`` of them,
-    and all of it within ``recurrence.REQUEST_LIMIT_BUDGETS`` budgets of time."""
+    action time): each distinct rule vetted once, at most ``vetting.BULK_MAX_RULES`` of them,
+    and all of it within ``vetting.REQUEST_LIMIT_BUDGETS`` budgets of time."""
     rules = {j.get("recurrence") or "" for j in jobs} - {""}
     if not rules:
         return jobs
-    if len(rules) > recurrence.BULK_MAX_RULES:
-        most = recurrence.BULK_MAX_RULES
+    if len(rules) > vetting.BULK_MAX_RULES:
+        most = vetting.BULK_MAX_RULES
         raise ValidationError({"jobs": [f"At most {most} distinct recurrence rules per request."]})
-    deadline = time.monotonic() + recurrence.request_limit_s()
+    deadline = time.monotonic() + vetting.request_limit_s()
     vetted: set[str] = set()
     starts: dict[tuple[str, datetime], datetime] = {}
     out = []
@@ -519,7 +519,7 @@ def timeout_jobs_next_times(
     jobs: list[TimeoutJob], *, now: datetime, topic: str = ""
 ) -> tuple[dict[int, datetime | None], dict[int, str]]:
     """The next occurrence of each recurring job in ``jobs`` (about to settle), evaluated under
-    the recurrence budget in the child process of ``topic`` (``recurrence.calculator``, one a
+    the recurrence budget in the child process of ``topic`` (``budget.calculator``, one a
     topic, so a tenant's costly rules hold up only its own topic): never in a transaction, never
     in this process. Returns the times (None: the series is over) and the reasons of the series
     that end: a rule past the budget, one that no longer parses, or a child that failed (each
@@ -529,7 +529,7 @@ def timeout_jobs_next_times(
     times: dict[int, datetime | None] = {}
     ended: dict[int, str] = {}
     known: dict[tuple[str, datetime, datetime], datetime | None | str] = {}
-    calc = recurrence.calculator(topic) if any(job.recurrence for job in jobs) else None
+    calc = budget.calculator(topic) if any(job.recurrence for job in jobs) else None
     for job in jobs:
         if not job.recurrence:
             continue
@@ -537,7 +537,7 @@ def timeout_jobs_next_times(
         if query not in known:
             try:
                 known[query] = calc.next_after(*query).at
-            except recurrence.Exceeded as exc:
+            except budget.Exceeded as exc:
                 known[query] = f"series ended: its next occurrence was {exc}"
             except ValueError as exc:
                 known[query] = f"series ended: its recurrence no longer parses ({exc})"

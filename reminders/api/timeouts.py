@@ -22,8 +22,9 @@ from couponcenter.core.api.fields import AwareDateTimeField
 from couponcenter.core.api.pagination import NewestFirstCursor
 from couponcenter.core.api.permissions import staff_permissions
 from couponcenter.core.time import EARLIEST_TIME, LATEST_TIME
-from reminders import attributes, recurrence, selectors, services
+from reminders import attributes, selectors, services
 from reminders.models import TimeoutJob
+from reminders.recurrence import rules
 from reminders.selectors.timeout_topics import (
     timeout_topic_spec,
     timeout_topics_for,
@@ -93,7 +94,7 @@ class TimeoutJobInputSerializer(serializers.Serializer):
         f"{settings.TIMEOUT_ATTRIBUTE_MAX_BYTES} bytes of JSON.",
     )
     recurrence = serializers.CharField(
-        max_length=recurrence.MAX_CHARS, required=False, default="", allow_blank=True,
+        max_length=rules.MAX_CHARS, required=False, default="", allow_blank=True,
         help_text="Repeat: an RRULE (`FREQ=DAILY;BYHOUR=9;COUNT=30`) or a cron expression "
         "(`*/5 * * * *`, UTC). The series starts at `action_time`; each next occurrence is "
         "created when one has fired.",
@@ -105,7 +106,7 @@ class TimeoutJobInputSerializer(serializers.Serializer):
     def validate_recurrence(self, value: str) -> str:
         if value:
             try:
-                recurrence.check(value)
+                rules.check(value)
             except ValueError as exc:
                 raise serializers.ValidationError(f"Invalid: {exc}.") from None
         return value
@@ -180,7 +181,7 @@ def _plainly_valid_jobs(data, usable: set[str]) -> list[dict] | None:
         if type(attribute) is not dict or (attribute and not _attribute_valid(attribute)):
             return None
         rule = job.get("recurrence", "")
-        if type(rule) is not str or rule != rule.strip() or len(rule) > recurrence.MAX_CHARS:
+        if type(rule) is not str or rule != rule.strip() or len(rule) > rules.MAX_CHARS:
             return None
         if rule not in rules_ok:
             rules_ok[rule] = _rule_valid(rule)
@@ -213,7 +214,7 @@ def _attribute_valid(attribute: dict) -> bool:
 
 def _rule_valid(rule: str) -> bool:
     try:
-        recurrence.check(rule)
+        rules.check(rule)
     except ValueError:
         return False
     return True

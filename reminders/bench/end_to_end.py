@@ -1,7 +1,8 @@
 """The reminders benchmark (``manage.py bench_reminders``): real processes, real Redis and database.
 
-It runs one reminder worker process and one Celery worker (subprocesses of this one) under a key
-prefix and a Celery queue of their own, with the inbox gateway, and measures:
+It runs one reminder worker process and one Celery worker (subprocesses of this one, started by
+``reminders.bench.processes``) under a key prefix and a Celery queue of their own, with the inbox
+gateway, and measures:
 
 - ``schedule_per_s``: the engine's bulk API scheduling ``count`` reminders;
 - ``dispatch_s``: from the due second until every reminder was claimed, merged and handed to
@@ -18,10 +19,6 @@ is deleted afterwards. End users are ids from ``BENCH_USER_BASE`` up, far from r
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -29,7 +26,6 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery import current_app
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
@@ -41,8 +37,9 @@ from couponcenter.coupons.models import Coupon
 from reminders import metrics
 from reminders.bench import backlog as backlog_bench
 from reminders.bench import engine as engine_bench
+from reminders.bench.processes import bench_processes
 from reminders.bench.tables import delete_bench_rows, delete_keys, vacuum_analyze
-from reminders.engine import leases, queue
+from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
 from reminders.handlers.coupon_reminders import delivery_queue_depth
@@ -55,64 +52,8 @@ logger = logging.getLogger(__name__)
 
 BENCH_USER_BASE = 9_000_000_000
 CREATE_BATCH = 5000
-# Pool processes of the one Celery worker: one per core of the benchmark machine.
-CELERY_CONCURRENCY = 2
-CELERY_NICE = 5
 # The pre-staged burst's window (the model's default).
 DEFAULT_PRESTAGE_MS = ReminderSettings._meta.get_field("prestage_ms").default
-
-
-# --- processes ------------------------------------------------------------------------------------
-
-
-@contextmanager
-def bench_processes(prefix: str, delivery_queue: str, *, log_dir: str):
-    """A reminder worker and a Celery worker (concurrency 2) on the bench's prefix and queue."""
-    # BENCH_LOG_LEVEL=INFO keeps the workers' round, reconciler and backpressure lines.
-    level = os.environ.get("BENCH_LOG_LEVEL", "WARNING")
-    env = {**os.environ, "REDIS_KEY_PREFIX": prefix, "DELIVERY_QUEUE": delivery_queue,
-           "LOG_LEVEL": level, "PYTHONUNBUFFERED": "1"}  # fmt: skip
-    manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
-    # Delivery runs at a lower CPU priority than dispatch, as the README's deployment section
-    # advises for hosts that share them: the claim is the latency-critical step.
-    celery = ["nice", "-n", str(CELERY_NICE), sys.executable, "-m", "celery", "-A", "couponcenter",
-              "worker", "--pool", "prefork", "--concurrency", str(CELERY_CONCURRENCY),
-              "-Q", delivery_queue, "--without-gossip", "--without-mingle", "--without-heartbeat",
-              "--loglevel", level]  # fmt: skip
-    os.makedirs(log_dir, exist_ok=True)
-    celery_log = open(os.path.join(log_dir, "bench-celery.log"), "w")  # noqa: SIM115
-    worker_log = open(os.path.join(log_dir, "bench-worker.log"), "w")  # noqa: SIM115
-    procs = [
-        subprocess.Popen(celery, env=env, stdout=celery_log, stderr=subprocess.STDOUT),
-        subprocess.Popen(manage + ["run_reminder_worker"], env=env, stdout=worker_log,
-                         stderr=subprocess.STDOUT),
-    ]  # fmt: skip
-    try:
-        _wait_ready(procs)
-        yield procs
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        celery_log.close()
-        worker_log.close()
-
-
-def _wait_ready(procs: list[subprocess.Popen], timeout: float = 60) -> None:
-    """Until the reminder worker heartbeats and the Celery worker answers a control ping."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for proc in procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"bench process exited with {proc.returncode}: {proc.args}")
-        if leases.list_workers() and current_app.control.ping(timeout=0.5):
-            return
-        time.sleep(0.2)
-    raise RuntimeError("bench processes did not become ready in time")
 
 
 # --- data ------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -34,8 +33,9 @@ from django.conf import settings
 
 from couponcenter.core.redis import get_redis
 from couponcenter.coupons.bench.lateness import lateness_summary
-from reminders.bench.end_to_end import CELERY_CONCURRENCY, Progress
+from reminders.bench.end_to_end import Progress
 from reminders.bench.peer_tasks import record_lateness
+from reminders.bench.processes import CELERY_CONCURRENCY, stop
 from reminders.engine.clock import epoch_ms
 
 BULLMQ_VERSION = "5"
@@ -191,11 +191,7 @@ def bench_celery_eta(
             dues = [t0 + (i * 1000) // rate for i in range(n)]
             result.update(_celery_phase(f"steady_{rate}", dues, queue, progress, seconds + 300))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         get_redis().delete(queue)
     return result
 

@@ -21,12 +21,8 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from reminders.bench.end_to_end import (
-    CELERY_CONCURRENCY,
-    Progress,
-    _coupon,
-    _subscriptions,
-)
+from reminders.bench.end_to_end import Progress, _coupon, _subscriptions
+from reminders.bench.processes import CELERY_CONCURRENCY
 from reminders.bench.tables import delete_bench_rows, vacuum_analyze
 from reminders.gateways import INSERT_CHUNK
 from reminders.models import Notification, ReminderSubscription

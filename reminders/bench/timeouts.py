@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import threading
@@ -46,6 +45,7 @@ from couponcenter.coupons import services as coupon_services
 from couponcenter.coupons.bench.http import Gunicorn, free_port, server_env
 from couponcenter.coupons.bench.lateness import lateness_summary
 from couponcenter.coupons.bench.progress import Progress
+from reminders.bench.processes import stop
 from reminders.engine import leases
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.services import timeout_jobs_bulk_create, timeout_jobs_rebuild, timeout_topic_save
@@ -100,11 +100,7 @@ def worker_process(prefix: str, topics: tuple[str, ...], log_dir: str):
             time.sleep(0.1)
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         log.close()
 
 

@@ -23,10 +23,10 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from couponcenter.core.db.times import aware_time, db_time
-from reminders import recurrence
 from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
 from reminders.models import TimeoutJob
+from reminders.recurrence import budget
 from reminders.selectors.timeout_topics import timeout_topic_specs
 
 from .timeouts import HISTORY_APPEND, timeout_jobs_index_on_commit
@@ -222,7 +222,7 @@ def timeout_jobs_next_times(
     jobs: list[TimeoutJob], *, now: datetime, topic: str = ""
 ) -> tuple[dict[int, datetime | None], dict[int, str]]:
     """The next occurrence of each recurring job in ``jobs`` (about to settle), evaluated under
-    the recurrence budget in the child process of ``topic`` (``recurrence.calculator``, one a
+    the recurrence budget in the child process of ``topic`` (``budget.calculator``, one a
     topic, so a tenant's costly rules hold up only its own topic): never in a transaction, never
     in this process. Returns the times (None: the series is over) and the reasons of the series
     that end: a rule past the budget, one that no longer parses, or a child that failed (each
@@ -232,7 +232,7 @@ def timeout_jobs_next_times(
     times: dict[int, datetime | None] = {}
     ended: dict[int, str] = {}
     known: dict[tuple[str, datetime, datetime], datetime | None | str] = {}
-    calc = recurrence.calculator(topic) if any(job.recurrence for job in jobs) else None
+    calc = budget.calculator(topic) if any(job.recurrence for job in jobs) else None
     for job in jobs:
         if not job.recurrence or calc is None:
             continue
@@ -240,7 +240,7 @@ def timeout_jobs_next_times(
         if query not in known:
             try:
                 known[query] = calc.next_after(*query).at
-            except recurrence.Exceeded as exc:
+            except budget.Exceeded as exc:
                 known[query] = f"series ended: its next occurrence was {exc}"
             except ValueError as exc:
                 known[query] = f"series ended: its recurrence no longer parses ({exc})"

@@ -25,11 +25,11 @@ from django.utils import timezone
 
 from couponcenter.core import tracing
 from couponcenter.core.errors import BusinessError, QuotaExceeded
-from reminders import recurrence
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
 from reminders.models import TimeoutJob
+from reminders.recurrence import vetting
 from reminders.selectors.timeout_topics import (
     TimeoutTopicSpec,
     timeout_topic_spec,
@@ -50,13 +50,13 @@ Status = TimeoutJob.Status
 
 
 def series_first_time(rule: str, action_time: datetime, *, vetted: bool = False) -> datetime:
-    """When the series of a new recurring job starts (``recurrence.first_occurrence``), or a
+    """When the series of a new recurring job starts (``vetting.first_occurrence``), or a
     ValidationError that says why its rule is refused. ``vetted``: the rule passed ``vet`` for
     another job of the same request."""
     try:
         if vetted:
-            return recurrence.start_of(rule, action_time, timezone.now())
-        return recurrence.first_occurrence(rule, action_time, timezone.now())
+            return vetting.start_of(rule, action_time, timezone.now())
+        return vetting.first_occurrence(rule, action_time, timezone.now())
     except ValueError as exc:
         raise ValidationError({"recurrence": [f"Invalid: {exc}."]}) from None
     except OSError as exc:  # the child process: not the rule's fault

@@ -17,9 +17,9 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from couponcenter.core import tracing
-from reminders import recurrence
 from reminders.engine.keys import slot_for
 from reminders.models import TimeoutJob
+from reminders.recurrence import vetting
 from reminders.services.quotas import quota_attributes_check, quota_creations_take
 from reminders.services.timeouts import (
     TimeoutJobConflict,
@@ -101,15 +101,15 @@ def timeout_jobs_bulk_create(
 
 def _with_series_starts(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The jobs, each recurring one starting when its series does (``series_start`` its given
-    action time): each distinct rule vetted once, at most ``recurrence.BULK_MAX_RULES`` of them,
-    and all of it within ``recurrence.REQUEST_LIMIT_BUDGETS`` budgets of time."""
+    action time): each distinct rule vetted once, at most ``vetting.BULK_MAX_RULES`` of them,
+    and all of it within ``vetting.REQUEST_LIMIT_BUDGETS`` budgets of time."""
     rules = {j.get("recurrence") or "" for j in jobs} - {""}
     if not rules:
         return jobs
-    if len(rules) > recurrence.BULK_MAX_RULES:
-        most = recurrence.BULK_MAX_RULES
+    if len(rules) > vetting.BULK_MAX_RULES:
+        most = vetting.BULK_MAX_RULES
         raise ValidationError({"jobs": [f"At most {most} distinct recurrence rules per request."]})
-    deadline = time.monotonic() + recurrence.request_limit_s()
+    deadline = time.monotonic() + vetting.request_limit_s()
     vetted: set[str] = set()
     starts: dict[tuple[str, datetime], datetime] = {}
     out = []

@@ -17,12 +17,12 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from reminders import recurrence
 from reminders.engine import topic_model
 from reminders.engine.scripts import Claimed
 from reminders.handlers import timeout_jobs
 from reminders.handlers.timeout_jobs import Fired
 from reminders.models import TimeoutJob, TimeoutTopic
+from reminders.recurrence import budget, rules, vetting
 from reminders.runtime.worker import build_worker
 from reminders.selectors.timeout_topics import timeout_topic_spec
 from reminders.services import timeout_job_create, timeout_topic_save
@@ -101,7 +101,7 @@ def test_the_minimum_interval_is_a_setting_checked_on_the_rule(staff_client, set
 
 def test_a_bulk_request_carries_a_bounded_number_of_distinct_rules(staff_client):
     jobs = [_body(f"FREQ=DAILY;BYHOUR={h % 24};BYMINUTE={h // 24}", biz_id=str(h))
-            for h in range(recurrence.BULK_MAX_RULES + 1)]  # fmt: skip
+            for h in range(vetting.BULK_MAX_RULES + 1)]  # fmt: skip
     response = staff_client.post("/api/timeouts/bulk/", {"jobs": jobs}, format="json")
     assert response.status_code == 400
     assert "distinct recurrence rules" in str(response.json())
@@ -166,14 +166,14 @@ def test_a_rule_past_its_budget_ends_its_series_and_the_worker_goes_on(
     for rule, job in jobs.items():
         TimeoutJob.objects.filter(pk=job.pk).update(recurrence=rule, series_start=job.action_time)
     depth = []  # transactions open around each evaluation, beyond the test's own
-    evaluate = recurrence.Calculator.next_after
+    evaluate = budget.Calculator.next_after
     outside = len(connection.atomic_blocks)
 
     def recording(self, *args):
         depth.append(len(connection.atomic_blocks) - outside)
         return evaluate(self, *args)
 
-    monkeypatch.setattr(recurrence.Calculator, "next_after", recording)
+    monkeypatch.setattr(budget.Calculator, "next_after", recording)
     caplog.set_level(logging.ERROR, logger="reminders.alerts")
     worker = build_worker([TOPIC])
     try:
@@ -200,7 +200,7 @@ def test_the_next_occurrence_costs_the_same_at_any_series_age():
     # Every minute since 2000: dateutil alone walks 14 million occurrences (minutes of CPU).
     start = datetime(2000, 1, 1, 0, 0, 30, tzinfo=UTC)
     now = timezone.now()
-    answer = recurrence.calculator().next_after("FREQ=MINUTELY", start, now)
+    answer = budget.calculator().next_after("FREQ=MINUTELY", start, now)
     assert now < answer.at <= now + timedelta(minutes=1) and answer.at.second == 30
     # Moving the start by whole periods keeps every occurrence: the same answers as dateutil
     # walking from the true start, wherever that walk is cheap enough to compare.
@@ -220,7 +220,7 @@ def test_the_next_occurrence_costs_the_same_at_any_series_age():
             for k in range(5):
                 after = start + age * (k + 1) / 5
                 walked = rrulestr(rule, dtstart=start).after(after)
-                assert recurrence.next_after(rule, start, after) == walked, (rule, start, after)
+                assert rules.next_after(rule, start, after) == walked, (rule, start, after)
 
 
 @pytest.mark.postgres

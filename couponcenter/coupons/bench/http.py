@@ -8,14 +8,16 @@ for ``duration`` seconds; then check the database: ``claimed_count`` equals the 
 ``UserCoupon`` rows (and of expiry tasks), is at most the stock, and no user holds two.
 
 The generator is ``wrk`` (C, a Lua script that numbers the users) when it is installed, else a
-small asyncio client in this module. Every process's CPU time is measured, so the report says
-how much of the machine the generator took from gunicorn and PostgreSQL.
+small asyncio client (both in ``load_generators``). Every process's CPU time is measured, so the
+report says how much of the machine the generator took from gunicorn and PostgreSQL.
+
+This module also starts and stops the production server the HTTP benchmarks measure
+(``Gunicorn``, with ``server_env`` for its settings): ``bench_timeouts`` and the tests that run
+real processes start theirs with it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import secrets
 import shutil
@@ -26,7 +28,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -39,6 +40,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from couponcenter.coupons import selectors, services
+from couponcenter.coupons.bench import load_generators
 from couponcenter.coupons.models import Coupon, UserCoupon
 
 ROOT = Path(__file__).resolve().parents[3]  # the project root: gunicorn runs from there
@@ -221,124 +223,61 @@ class CpuMeter:
         }
 
 
-def _run_wrk(
-    *, url: str, script: str, args: list[str], seconds: float, connections: int, threads: int
-) -> tuple[dict, float]:
-    """Run wrk; returns its BENCH_JSON summary and the CPU seconds wrk itself used."""
-    with tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
-        lua.write(script)
-        lua.flush()
-        duration = f"{max(1, round(seconds))}s"
-        cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", duration,
-               "--timeout", "10s", "-s", lua.name, url, "--", *args]  # fmt: skip
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        out = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    lines = [line for line in out.splitlines() if line.startswith("BENCH_JSON ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"wrk failed ({proc.returncode}):\n{out[-2000:]}")
-    return json.loads(lines[-1][len("BENCH_JSON ") :]), usage.ru_utime + usage.ru_stime
-
-
-# --- the Python generator (when wrk is not installed) -------------------------------------------
-
-
-async def _python_client(
-    *, port: int, path_for: Callable[[int], str], body_for: Callable[[int], bytes] | None,
-    headers: str, seconds: float, connections: int, first: int,
-) -> dict:  # fmt: skip
-    statuses: Counter[int] = Counter()
-    latencies: list[float] = []
-    counter = iter(range(first, first + 10**9))
-    deadline = time.perf_counter() + seconds
-    errors = 0
-
-    async def one_connection() -> None:
-        nonlocal errors
-        reader = writer = None
-        while time.perf_counter() < deadline:
-            if writer is None:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            n = next(counter)
-            body = body_for(n) if body_for else b""
-            method = "POST" if body_for else "GET"
-            request = (f"{method} {path_for(n)} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}"
-                       f"Content-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
-            started = time.perf_counter()
-            try:
-                writer.write(request)
-                status_line = await reader.readline()
-                length, close = 0, False
-                while (line := await reader.readline()) not in (b"\r\n", b""):
-                    name, _, value = line.decode("latin-1").partition(":")
-                    if name.lower() == "content-length":
-                        length = int(value)
-                    elif name.lower() == "connection" and "close" in value.lower():
-                        close = True
-                await reader.readexactly(length)
-                statuses[int(status_line.split()[1])] += 1
-                latencies.append(time.perf_counter() - started)
-            except (OSError, asyncio.IncompleteReadError, IndexError, ValueError):
-                errors += 1
-                close = True
-            if close:
-                writer.close()
-                reader = writer = None
-
-    started = time.perf_counter()
-    await asyncio.gather(*(one_connection() for _ in range(connections)))
-    elapsed = time.perf_counter() - started
-    latencies.sort()
-
-    def pct(q: float) -> int:
-        return int(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e6)
-
-    return {
-        "requests": sum(statuses.values()),
-        "duration_us": int(elapsed * 1e6),
-        "s201": statuses[201],
-        "s409": statuses[409],
-        "sother": sum(n for code, n in statuses.items() if code not in (201, 409)),
-        "non2xx": sum(n for code, n in statuses.items() if not 200 <= code < 300),
-        "errors": errors,
-        "p50_us": pct(0.50) if latencies else 0,
-        "p99_us": pct(0.99) if latencies else 0,
-    }
-
-
-def _run_python(**kwargs) -> tuple[dict, float]:
-    before = time.process_time()
-    summary = asyncio.run(_python_client(**kwargs))
-    return summary, time.process_time() - before
-
-
 # --- the run --------------------------------------------------------------------------------------
 
 
 def _claim_load(
-    gunicorn: Gunicorn, *, generator: str, coupon_id: int, token: str, seconds: float,
-    connections: int, threads: int,
-) -> tuple[dict, float]:  # fmt: skip
+    gunicorn: Gunicorn,
+    *,
+    generator: str,
+    coupon_id: int,
+    token: str,
+    seconds: float,
+    connections: int,
+    threads: int,
+) -> tuple[dict, float]:
     if generator == "wrk":
-        return _run_wrk(url=gunicorn.url, script=WRK_SCRIPT,
-                        args=[str(coupon_id), token, str(USER_ID_BASE)], seconds=seconds,
-                        connections=connections, threads=threads)  # fmt: skip
-    return _run_python(
-        port=gunicorn.port, path_for=lambda n: f"/api/users/{n}/coupons/",
+        args = [str(coupon_id), token, str(USER_ID_BASE)]
+        return load_generators.run_wrk(
+            url=gunicorn.url,
+            script=WRK_SCRIPT,
+            args=args,
+            seconds=seconds,
+            connections=connections,
+            threads=threads,
+        )
+    return load_generators.run_python(
+        port=gunicorn.port,
+        path_for=lambda n: f"/api/users/{n}/coupons/",
         body_for=lambda n: b'{"coupon": %d}' % coupon_id,
         headers=f"Authorization: Token {token}\r\nContent-Type: application/json\r\n",
-        seconds=seconds, connections=connections, first=USER_ID_BASE,
-    )  # fmt: skip
+        seconds=seconds,
+        connections=connections,
+        first=USER_ID_BASE,
+    )
 
 
-def _raw_load(gunicorn: Gunicorn, *, generator: str, seconds: float, connections: int,
-              threads: int) -> tuple[dict, float]:  # fmt: skip
+def _raw_load(
+    gunicorn: Gunicorn, *, generator: str, seconds: float, connections: int, threads: int
+) -> tuple[dict, float]:
     if generator == "wrk":
-        return _run_wrk(url=gunicorn.url + "/healthz/live/", script=WRK_PLAIN_SCRIPT, args=[],
-                        seconds=seconds, connections=connections, threads=threads)  # fmt: skip
-    return _run_python(port=gunicorn.port, path_for=lambda n: "/healthz/live/", body_for=None,
-                       headers="", seconds=seconds, connections=connections, first=0)  # fmt: skip
+        return load_generators.run_wrk(
+            url=gunicorn.url + "/healthz/live/",
+            script=WRK_PLAIN_SCRIPT,
+            args=[],
+            seconds=seconds,
+            connections=connections,
+            threads=threads,
+        )
+    return load_generators.run_python(
+        port=gunicorn.port,
+        path_for=lambda n: "/healthz/live/",
+        body_for=None,
+        headers="",
+        seconds=seconds,
+        connections=connections,
+        first=0,
+    )
 
 
 def audit(*, coupon_id: int) -> dict:

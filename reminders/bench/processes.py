@@ -1,0 +1,85 @@
+"""The production processes a reminders benchmark measures, started as subprocesses of the
+benchmark and stopped afterwards: a reminder worker and a Celery worker on the benchmark's own key
+prefix and queue (``bench_processes``), and the one way every benchmark stops a process it started
+(``stop``). The measuring stays in the benchmark modules.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+from celery import current_app
+from django.conf import settings
+
+from reminders.engine import leases
+
+# Pool processes of the one Celery worker: one per core of the benchmark machine.
+CELERY_CONCURRENCY = 2
+CELERY_NICE = 5
+
+
+def stop(*procs: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM to each process, then a wait of up to ``timeout`` seconds for each, and a kill for
+    one that is still running: a worker drains what it holds before it exits."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextmanager
+def bench_processes(prefix: str, delivery_queue: str, *, log_dir: str):
+    """A reminder worker and a Celery worker (concurrency 2) on the bench's prefix and queue."""
+    # BENCH_LOG_LEVEL=INFO keeps the workers' round, reconciler and backpressure lines.
+    level = os.environ.get("BENCH_LOG_LEVEL", "WARNING")
+    env = {
+        **os.environ,
+        "REDIS_KEY_PREFIX": prefix,
+        "DELIVERY_QUEUE": delivery_queue,
+        "LOG_LEVEL": level,
+        "PYTHONUNBUFFERED": "1",
+    }
+    manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
+    # Delivery runs at a lower CPU priority than dispatch, as the README's deployment section
+    # advises for hosts that share them: the claim is the latency-critical step.
+    celery = ["nice", "-n", str(CELERY_NICE), sys.executable, "-m", "celery", "-A", "couponcenter"]
+    celery += ["worker", "--pool", "prefork", "--concurrency", str(CELERY_CONCURRENCY)]
+    celery += ["-Q", delivery_queue, "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    celery += ["--loglevel", level]
+    os.makedirs(log_dir, exist_ok=True)
+    celery_log = open(os.path.join(log_dir, "bench-celery.log"), "w")  # noqa: SIM115
+    worker_log = open(os.path.join(log_dir, "bench-worker.log"), "w")  # noqa: SIM115
+    procs = [
+        subprocess.Popen(celery, env=env, stdout=celery_log, stderr=subprocess.STDOUT),
+        subprocess.Popen(
+            manage + ["run_reminder_worker"], env=env, stdout=worker_log, stderr=subprocess.STDOUT
+        ),
+    ]
+    try:
+        _wait_ready(procs)
+        yield procs
+    finally:
+        stop(*procs, timeout=20)
+        celery_log.close()
+        worker_log.close()
+
+
+def _wait_ready(procs: list[subprocess.Popen], timeout: float = 60) -> None:
+    """Until the reminder worker heartbeats and the Celery worker answers a control ping."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"bench process exited with {proc.returncode}: {proc.args}")
+        if leases.list_workers() and current_app.control.ping(timeout=0.5):
+            return
+        time.sleep(0.2)
+    raise RuntimeError("bench processes did not become ready in time")

@@ -130,21 +130,24 @@ def bench_backlog_size(
     }
 
 
+def _window(now: int, token: str, client) -> dict:
+    """What each claim is given, parcels or entries: the worker's batch, a minute in flight."""
+    return {
+        "now_ms": now,
+        "limit": CLAIM_BATCH,
+        "visibility_ms": 60_000,
+        "lease_token": token,
+        "client": client,
+    }
+
+
 def _claim_parcels(topic, slots, leases, now, sample, client) -> int:
     """The reminders' way: due jobs claimed as parcels (batch 2,000, as the worker claims) and
     each parcel settled, as delivery settles it; jobs per second."""
     done, started = 0, time.perf_counter()
     for slot in range(slots):
         token = leases.token(topic, slot)
-        while parcel := queue.claim_parcel(
-            topic,
-            slot,
-            now_ms=now,
-            limit=CLAIM_BATCH,
-            visibility_ms=60_000,
-            lease_token=token,
-            client=client,
-        ):
+        while parcel := queue.claim_parcel(topic, slot, **_window(now, token, client)):
             settled = queue.settle_parcels(
                 topic,
                 [(slot, parcel.parcel_id, [])],
@@ -168,16 +171,7 @@ def _claim_entries(topic, slots, leases, now, sample, client) -> int:
     done, started = 0, time.perf_counter()
     for slot in range(slots):
         token = leases.token(topic, slot)
-        while entries := queue.claim(
-            topic,
-            slot,
-            now_ms=now,
-            limit=CLAIM_BATCH,
-            visibility_ms=60_000,
-            lease_token=token,
-            with_due=False,
-            client=client,
-        ):
+        while entries := queue.claim(topic, slot, **_window(now, token, client), with_due=False):
             done += queue.ack(
                 topic, slot, [e.job_id for e in entries], lease_token=token, client=client
             )

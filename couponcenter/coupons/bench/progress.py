@@ -1,7 +1,9 @@
-"""Progress bars for the benchmark commands: one tqdm bar per named phase."""
+"""What the benchmark commands show: one tqdm bar per named phase while they run, then the
+result."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
@@ -28,3 +30,14 @@ def progress_bars(stream: TextIO) -> Iterator[Progress]:
     finally:
         for bar in bars.values():
             bar.close()
+
+
+def result_write(out: Callable[[str], object], result: dict, *, as_json: bool) -> None:
+    """A benchmark's result through ``out`` (a command's ``stdout.write``): one JSON line, or one
+    line per figure, names aligned."""
+    if as_json:
+        out(json.dumps(result))
+        return
+    width = max(map(len, result), default=0)
+    for name, value in result.items():
+        out(f"{name:>{width}}: {value}")

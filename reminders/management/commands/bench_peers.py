@@ -1,8 +1,6 @@
-import json
-
 from django.core.management.base import BaseCommand, CommandError
 
-from couponcenter.coupons.bench.progress import progress_bars
+from couponcenter.coupons.bench.progress import progress_bars, result_write
 from reminders.bench import peers
 
 PEERS = ("bullmq", "celery")
@@ -46,8 +44,4 @@ class Command(BaseCommand):
             )
         if "bullmq_skipped" in result:
             self.stderr.write(f"BullMQ skipped: {result['bullmq_skipped']}")
-        if options["json"]:
-            self.stdout.write(json.dumps(result))
-            return
-        for name, value in result.items():
-            self.stdout.write(f"{name:>40}: {value}")
+        result_write(self.stdout.write, result, as_json=options["json"])

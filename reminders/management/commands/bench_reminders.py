@@ -1,8 +1,6 @@
-import json
-
 from django.core.management.base import BaseCommand, CommandError
 
-from couponcenter.coupons.bench.progress import progress_bars
+from couponcenter.coupons.bench.progress import progress_bars, result_write
 from reminders.bench import end_to_end
 from reminders.models import MAX_PRESTAGE_MS
 
@@ -55,8 +53,4 @@ class Command(BaseCommand):
                 backlog=backlog,
                 progress=progress,
             )
-        if options["json"]:
-            self.stdout.write(json.dumps(result))
-            return
-        for name, value in result.items():
-            self.stdout.write(f"{name:>28}: {value}")
+        result_write(self.stdout.write, result, as_json=options["json"])

@@ -1,9 +1,7 @@
-import json
-
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from couponcenter.coupons.bench.progress import progress_bars
+from couponcenter.coupons.bench.progress import progress_bars, result_write
 from reminders.bench import timeouts
 
 
@@ -53,8 +51,4 @@ class Command(BaseCommand):
                 cancels=options["cancels"],
                 progress=progress,
             )
-        if options["json"]:
-            self.stdout.write(json.dumps(result))
-            return
-        for name, value in result.items():
-            self.stdout.write(f"{name:>32}: {value}")
+        result_write(self.stdout.write, result, as_json=options["json"])

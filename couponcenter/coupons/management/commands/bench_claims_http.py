@@ -1,8 +1,7 @@
-import json
-
 from django.core.management.base import BaseCommand, CommandError
 
 from couponcenter.coupons.bench import http as bench_http
+from couponcenter.coupons.bench.progress import result_write
 
 
 class Command(BaseCommand):
@@ -39,10 +38,6 @@ class Command(BaseCommand):
             raw_seconds=options["raw_seconds"],
             progress=lambda message: self.stderr.write(message),
         )
-        if options["json"]:
-            self.stdout.write(json.dumps(result))
-        else:
-            for name, value in result.items():
-                self.stdout.write(f"{name:>24}: {value}")
+        result_write(self.stdout.write, result, as_json=options["json"])
         if result["oversell"]:
             raise CommandError("OVERSELL: the audit failed (see above)")

@@ -16,7 +16,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from couponcenter.core.admin import EstimatedCountPaginator, exact_id
+from couponcenter.core.admin import EstimatedCountPaginator, ExactIdSearch
 from couponcenter.core.durations import (
     ISO_DURATION_ADMIN,
     IsoDurationFormField,
@@ -193,7 +193,7 @@ class CouponAdmin(admin.ModelAdmin):
 
 
 @admin.register(UserCoupon)
-class UserCouponAdmin(admin.ModelAdmin):
+class UserCouponAdmin(ExactIdSearch, admin.ModelAdmin):
     """Fast at tens of millions of rows: no date hierarchy (two full scans for its year links), no
     ``-claimed_at`` ordering (an unindexed sort), no exact COUNT(*). The primary key follows claim
     order, so ``-id`` pages newest first through the index, and the paginator estimates the
@@ -209,14 +209,6 @@ class UserCouponAdmin(admin.ModelAdmin):
     paginator = EstimatedCountPaginator
     ordering = ["-id"]
     list_per_page = 50
-
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[UserCoupon], search_term: str
-    ) -> tuple[QuerySet[UserCoupon], bool]:
-        if not search_term.strip():
-            return queryset, False
-        user_id = exact_id(search_term)
-        return (queryset.none() if user_id is None else queryset.filter(user_id=user_id)), False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

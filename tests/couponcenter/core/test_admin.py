@@ -1,21 +1,20 @@
-"""The exact-id search of the big lists, through an admin that uses it on two columns."""
+"""The exact-id search of the big lists, through the admins that use it."""
 
 from __future__ import annotations
 
 import pytest
 from django.contrib import admin
 
+from couponcenter.coupons.models import UserCoupon
 from reminders.models import ReminderSubscription
-from tests.support.factories import CouponFactory
+from tests.support.factories import CouponFactory, UserCouponFactory
 
 pytestmark = pytest.mark.django_db
 
 
-def _found(term: str) -> set[int]:
-    model_admin = admin.site._registry[ReminderSubscription]
-    queryset, duplicates = model_admin.get_search_results(
-        None, ReminderSubscription.objects.all(), term
-    )
+def _found(term: str, model=ReminderSubscription) -> set[int]:
+    model_admin = admin.site._registry[model]
+    queryset, duplicates = model_admin.get_search_results(None, model.objects.all(), term)
     assert duplicates is False
     return set(queryset.values_list("pk", flat=True))
 
@@ -37,3 +36,12 @@ def test_an_id_is_matched_exactly_on_every_searched_column_and_anything_else_fin
     assert _found("") == {by_user.pk, of_coupon.pk}
     assert _found("abc") == set()
     assert _found("1" * 19) == set()  # past a BIGINT: not an id
+
+
+def test_the_user_coupon_list_finds_an_end_users_coupons_by_their_exact_id():
+    mine = UserCouponFactory(user_id=4242)
+    theirs = UserCouponFactory(user_id=42)
+    assert _found("4242", UserCoupon) == {mine.pk}
+    assert _found("42", UserCoupon) == {theirs.pk}
+    assert _found(str(mine.pk + theirs.pk + 10_000), UserCoupon) == set()
+    assert _found("user 42", UserCoupon) == set()

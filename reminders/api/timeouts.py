@@ -150,12 +150,13 @@ def _job_visible(request, job: TimeoutJob) -> TimeoutJob:
 
 
 def _valid_jobs(data, context: dict) -> list[dict] | None:
-    """The bulk body's jobs, each run through the input serializer's own fields and
-    ``validate_<field>`` methods: its rules, and no others. DRF's machinery around them, per job
-    (errors gathered field by field, the whole job's validators), costs more than the insert, so
-    the fields are run here directly; and a value a bulk repeats (its topic, type, time or rule,
-    thousands of times) is checked once. None at the first value a field refuses, or when the
-    body is not a list of objects: the serializers then answer it, with their messages."""
+    """The bulk body's jobs, each run through the input serializer's own fields, its
+    ``validate_<field>`` methods and ``validate``: its rules, and no others. DRF's machinery
+    around them, per job (errors gathered field by field, defaults looked up), costs more than
+    the insert, so they are run here directly; and a value a bulk repeats (its topic, type, time
+    or rule, thousands of times) is checked once. None at the first value a field refuses, or
+    when the body is not a list of objects: the serializers then answer it, with their
+    messages."""
     jobs = data.get("jobs") if isinstance(data, dict) else None
     if type(jobs) is not list or not 1 <= len(jobs) <= BULK_MAX:
         return None
@@ -172,18 +173,20 @@ def _valid_jobs(data, context: dict) -> list[dict] | None:
             valid = {}
             for name, field, validate, seen in rules:
                 value = job.get(name, empty)  # the field's get_value, for a JSON object
-                # A text (or an absent value) gives the same result every time; a dict or a
-                # list is checked anew, and never shared between jobs.
+                # A text (or an absent value) gives the same result every time; a given dict or
+                # list is checked anew. No two jobs share a dict: a default one is copied.
                 known = type(value) is str or value is empty
                 result = seen.get(value, empty) if known else empty
                 if result is empty:
                     result = field.run_validation(value)
                     if validate is not None:
                         result = validate(result)
-                    if known and type(result) is not dict:
+                    if known:
                         seen[value] = result
+                elif type(result) is dict:
+                    result = dict(result)
                 valid[name] = result
-            out.append(valid)
+            out.append(serializer.validate(valid))
     except (serializers.ValidationError, DjangoValidationError, SkipField):
         return None
     return out

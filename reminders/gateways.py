@@ -37,7 +37,7 @@ class Message:
     # Pre-staged: not to be shown before this moment (the inbox hides it until then; gateways
     # that push at once never get a staged message, see ``ReminderSettings.topic_settings``).
     visible_at: datetime | None = None
-    # The push cap's decision (``services.delivery``): pushed, or inbox only (and held for a
+    # The push cap's decision (``services.push_cap``): pushed, or inbox only (and held for a
     # digest).
     push: bool = True
     held: bool = False

@@ -30,7 +30,7 @@ from reminders.engine.scripts import Parcel
 from reminders.engine.topic_model import HANDED_ON, Result, Topic
 from reminders.members import REMINDER_TOPIC, REMINDER_TOPIC_HIGH
 from reminders.selectors import reminder_settings_get
-from reminders.services.delivery import reminders_dead, reminders_retry_parcels
+from reminders.services.settling import reminders_dead, reminders_retry_parcels
 from reminders.tasks import deliver_reminders
 
 logger = logging.getLogger(__name__)

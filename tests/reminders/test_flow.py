@@ -130,7 +130,7 @@ def test_moving_opening_time_moves_reminders(reminder_settings):
 
 
 def test_reaped_dead_reminders_are_marked_failed_and_alerted(reminder_settings, caplog):
-    from reminders.services.delivery import reminders_dead
+    from reminders.services.settling import reminders_dead
 
     coupon = _coupon(3600)
     sub, _ = subscription_subscribe(user_id=30, coupon=coupon)

@@ -77,12 +77,15 @@ class AwareDateTimeField(serializers.DateTimeField):
 
     def to_internal_value(self, value) -> datetime:
         if isinstance(value, str):
+            text = value.strip()
             try:
-                parsed = parse_datetime(value.strip())
+                parsed = parse_datetime(text)
             except ValueError:
                 parsed = None
             if parsed is not None and parsed.tzinfo is None:
                 self.fail("naive")
+            if parsed is not None and text == value:
+                value = parsed  # DRF would parse the same ISO 8601 text again, to the same time
         result = super().to_internal_value(value)
         if not EARLIEST_TIME <= result < LATEST_TIME:
             self.fail("range")

@@ -49,7 +49,7 @@ class Group:
 
     user_id: int
     items: list[Item]
-    message: Message | None = None
+    message: Message
 
 
 # --- what can no longer help ---------------------------------------------------------------------
@@ -104,14 +104,15 @@ def merge(items: list[Item], window_ms: int) -> list[Group]:
     for item in items:
         by_key[(item.user_id, bucket(item.remind_at, window))].append(item)
     coupons = _coupon_info({item.coupon_id for item in items})
-    groups = [Group(user_id, group_items) for (user_id, _), group_items in by_key.items()]
     # One clock reading per batch, and each opening's words worked out once: a burst is
     # thousands of messages a batch about one coupon, and the local-time conversion is the
     # costly part of a message.
-    now, whens = timezone.now(), {}
-    for group in groups:
-        group.message = _message(group, coupons, now, whens)
-    return groups
+    now = timezone.now()
+    whens: dict[datetime | None, str] = {}
+    return [
+        Group(user_id, group_items, _message(user_id, group_items, coupons, now, whens))
+        for (user_id, _), group_items in by_key.items()
+    ]
 
 
 def bucket(moment: datetime, window_ms: int) -> int:
@@ -161,10 +162,14 @@ def _when(opens_at: datetime | None, now: datetime) -> str:
 
 
 def _message(
-    group: Group, coupons: dict[int, CouponInfo], now: datetime, whens: dict[datetime | None, str]
+    user_id: int,
+    items: list[Item],
+    coupons: dict[int, CouponInfo],
+    now: datetime,
+    whens: dict[datetime | None, str],
 ) -> Message:
     """``whens``: opening -> its words at ``now``, filled in as openings come up."""
-    info = [coupons.get(item.coupon_id, _UNKNOWN) for item in group.items]
+    info = [coupons.get(item.coupon_id, _UNKNOWN) for item in items]
     opens_at = min((c.opens_at for c in info if c.opens_at), default=None)
     when = whens.get(opens_at)
     if when is None:
@@ -173,19 +178,19 @@ def _message(
         name = info[0].name
         title = f"{name} is open now" if when == "now" else f"{name} opens {when}"
         body = name
-        sub_ids = [group.items[0].sub_id]
+        sub_ids = [items[0].sub_id]
     else:
         if when == "now":
             title = f"{len(info)} coupons you follow are open now"
         else:
             title = f"{len(info)} coupons you follow open {when}"
         body = ", ".join(c.name for c in info)
-        sub_ids = sorted(item.sub_id for item in group.items)
+        sub_ids = sorted(item.sub_id for item in items)
     key = "reminder:" + "-".join(map(str, sub_ids))
     if len(key) > 190:
         key = "reminder:h:" + hashlib.sha1(key.encode()).hexdigest()
     return Message(
-        user_id=group.user_id,
+        user_id=user_id,
         dedup_key=key,
         title=title,
         body=body,

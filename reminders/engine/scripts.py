@@ -355,7 +355,7 @@ def reap_call(k: SlotKeys, *, now_ms: int, limit: int, max_attempts: int, error:
     )
 
 
-def parse_reap(raw: Sequence[int]) -> ReapResult:
+def parse_reap(raw: Sequence[Any]) -> ReapResult:
     return ReapResult(retried=raw[0], dead=raw[1], dead_ids=tuple(as_str(i) for i in raw[2:]))
 
 

@@ -38,3 +38,55 @@ Invariants (every module in this package keeps them):
    ``schedule_many(nx=True)`` do not see its ids, so the owner acts on its own record, not on where
    Redis has the id.
 """
+
+from .keys import slot_for
+from .queue import (
+    DeadEntry,
+    SlotStats,
+    ack,
+    ack_handed,
+    ack_handed_many,
+    bury,
+    cancel,
+    cancel_anywhere,
+    cancel_many,
+    claim,
+    claim_parcel,
+    list_dead,
+    nack,
+    nack_handed,
+    purge_dead,
+    reap,
+    record_layout,
+    requeue_dead,
+    schedule,
+    schedule_many,
+    served_slot_count,
+    settle_parcels,
+    slot_layouts,
+    stats,
+)
+from .scripts import Claimed, EngineError, LeaseLost, Parcel
+from .topics import (
+    DROP,
+    HANDED_ON,
+    OK,
+    Dead,
+    EngineSettings,
+    Result,
+    Retry,
+    Topic,
+    TopicSettings,
+    all_topics,
+    get_topic,
+    register_topic,
+)
+
+__all__ = [
+    "Claimed", "DROP", "Dead", "DeadEntry", "EngineError", "EngineSettings", "HANDED_ON",
+    "LeaseLost", "OK", "Parcel", "Result", "Retry", "SlotStats", "Topic", "TopicSettings", "ack",
+    "ack_handed", "ack_handed_many", "all_topics", "bury", "cancel", "cancel_anywhere",
+    "cancel_many", "claim", "claim_parcel", "get_topic", "list_dead", "nack", "nack_handed",
+    "purge_dead", "reap", "record_layout", "register_topic", "requeue_dead", "schedule",
+    "schedule_many", "served_slot_count", "settle_parcels", "slot_for", "slot_layouts", "stats",
+]  # fmt: skip

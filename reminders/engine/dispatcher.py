@@ -22,7 +22,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -229,7 +229,7 @@ class Dispatcher:
         one pipeline."""
         owned = self.leases.owned(topic.name)
         heads = queue.heads(topic.name, owned, client=self.client)
-        due = [slot for slot in owned if heads[slot] is not None and heads[slot] <= now_ms]
+        due = [slot for slot in owned if (head := heads[slot]) is not None and head <= now_ms]
         order = leases.poll_order(topic.name, due, client=self.client) if due else []
         if len(order) > 1 and self._budget_cut.get(topic.name):
             # A budget (a rate limit) lets only the first slots claim each tick: a random start
@@ -377,7 +377,7 @@ class Dispatcher:
             results = topic.handler(entries, slot) if topic.pass_slot else topic.handler(entries)
             if isinstance(results, Result):
                 return results
-            if isinstance(results, dict):
+            if isinstance(results, Mapping):
                 return [results.get(e.job_id, OK) for e in entries]
             results = list(results)
             if len(results) != len(entries):
@@ -389,14 +389,14 @@ class Dispatcher:
 
     def _next_due(self, topics) -> int | None:
         """When the next claim is due: the earliest head, less its topic's look-ahead."""
-        dues = [
+        heads = [
             (
                 queue.earliest_due(t.name, self.leases.owned(t.name), client=self.client),
                 ts.lookahead_ms,
             )
             for t, ts in topics
         ]
-        dues = [due - ahead for due, ahead in dues if due is not None]
+        dues = [due - ahead for due, ahead in heads if due is not None]
         return min(dues) if dues else None
 
     # --- the loop ---------------------------------------------------------------------------------

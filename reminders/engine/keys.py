@@ -6,7 +6,7 @@ them all on a Redis Cluster (they live on one node)::
     <prefix>:{<topic>:<slot>}:store    ZSET member = job id, score = due time (ms): what claims see
     <prefix>:{<topic>:<slot>}:later    ZSET the same, for jobs due after the next few minutes
                                        (moved into store ahead of time: promote.lua)
-    <prefix>:{<topic>:<slot>}:prepare  ZSET score = deadline_ms * 1000 + attempt (see scripts.py)
+    <prefix>:{<topic>:<slot>}:prepare  ZSET score = deadline_ms * 1000 + attempt (claim_due.lua)
     <prefix>:{<topic>:<slot>}:dead     ZSET score = time it died (ms)
     <prefix>:{<topic>:<slot>}:meta     HASH "a:<id>" = attempts so far, "e:<id>" = last error
     <prefix>:{<topic>:<slot>}:parcels  HASH "<parcel id>" = ids of an in-flight parcel joined by

@@ -9,8 +9,8 @@
   all slots it wants: it renews the leases it holds (compare-and-pexpire) and takes free ones.
   A worker that dies stops heartbeating and renewing, so within the lease time it drops out of
   the live list and its leases expire; the new owners acquire at their next tick.
-- The token is checked inside claim/ack/nack (scripts.py), so a worker that lost its lease (paused,
-  partitioned, slow) cannot move entries, even if it still believes it owns the slot.
+- The token is checked inside the claim, ack and nack scripts, so a worker that lost its lease
+  (paused, partitioned, slow) cannot move entries, even if it still believes it owns the slot.
 - Clocks: heartbeats use the workers' wall clocks, so hosts must agree to well under a lease time.
 """
 

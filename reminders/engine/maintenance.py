@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from . import leases, queue
 from .connection import Client
@@ -165,6 +165,7 @@ class Maintenance:
         ``behind_only``: just the slots whose last promotion was full."""
         now, behind = self.clock(), {}
         for topic, ts in topics:
+            slots: Iterable[int]
             if behind_only:
                 slots = self._behind.get(topic.name, ())
             else:

@@ -14,7 +14,7 @@ answered for, so it is no longer a suspect; see claim_due).
 
 if not fence_ok(KEYS[5], ARGV[1]) then return {-1} end
 local policy = retry_policy()
-local retried, dead, missing = 0, 0, 0
+local missing = 0
 for i = 6, #ARGV, 2 do
   local id, err = ARGV[i], ARGV[i + 1]
   local score = redis.call('ZSCORE', KEYS[1], id)
@@ -22,11 +22,7 @@ for i = 6, #ARGV, 2 do
     missing = missing + 1
   else
     redis.call('ZREM', KEYS[1], id)
-    if retry_or_bury(policy, id, err, tonumber(score) % 1000) then
-      retried = retried + 1
-    else
-      dead = dead + 1
-    end
+    retry_or_bury(policy, id, err, tonumber(score) % 1000)
   end
 end
-return {0, retried, dead, missing}
+return {0, policy.retried, policy.died, missing}

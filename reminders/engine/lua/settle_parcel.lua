@@ -25,7 +25,6 @@ redis.call('ZREM', KEYS[1], '#' .. parcel)
 
 local policy = retry_policy()
 local inside, failed = nil, {}
-local retried, dead = 0, 0
 for i = 6, #ARGV, 2 do
   if not inside then
     inside = {}
@@ -35,11 +34,7 @@ for i = 6, #ARGV, 2 do
   if inside[id] and not failed[id] then
     failed[id] = true
     local attempt = tonumber(redis.call('HGET', KEYS[4], 'a:' .. id)) or 1
-    if retry_or_bury(policy, id, err, attempt) then
-      retried = retried + 1
-    else
-      dead = dead + 1
-    end
+    retry_or_bury(policy, id, err, attempt)
   end
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then  -- the jobs done forget their attempts
@@ -49,4 +44,4 @@ if redis.call('EXISTS', KEYS[4]) == 1 then  -- the jobs done forget their attemp
   end
   forget(KEYS[4], done)
 end
-return {0, retried, dead, 0}
+return {0, policy.retried, policy.died, 0}

@@ -9,7 +9,7 @@ import pytest
 from reminders.engine import leases, queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.dispatcher import Dispatcher, Hooks
-from reminders.engine.keys import slot_for
+from reminders.engine.keys import slot_for, slot_keys
 from reminders.engine.topic_model import (
     DROP,
     HANDED_ON,
@@ -86,7 +86,7 @@ def test_a_mapping_result_and_a_raising_handler(redis_client):
     assert report.retried == 1
     (entry,) = [e for e in queue.list_dead(T, 0, client=redis_client)] or [None]
     assert entry is None  # retried, not dead
-    assert redis_client.hget(queue.slot_keys(T, 0).meta, "e:j9") == b"RuntimeError: handler bug"
+    assert redis_client.hget(slot_keys(T, 0).meta, "e:j9") == b"RuntimeError: handler bug"
 
 
 @pytest.mark.parametrize("answer", [OK, DROP, Retry("later"), Dead("never"), HANDED_ON])
@@ -158,7 +158,7 @@ def test_a_worker_that_lost_its_lease_mid_batch_cannot_ack(redis_client):
     thief = leases.SlotLeases("thief", client=redis_client)
 
     def slow_handler(entries):
-        redis_client.delete(queue.slot_keys(T, 0).lease)  # our lease expires while we work ...
+        redis_client.delete(slot_keys(T, 0).lease)  # our lease expires while we work ...
         thief.sync({T: [0]})  # ... and another worker takes the slot
         return [OK] * len(entries)
 

@@ -5,6 +5,7 @@ import time
 import pytest
 
 from reminders.engine import leases, queue
+from reminders.engine.keys import slot_keys
 from reminders.engine.leases import SlotLeases, WorkerInfo, assign_slots
 from reminders.engine.scripts import LeaseLost
 
@@ -50,7 +51,7 @@ def test_a_dead_workers_slots_are_taken_over_within_the_lease_time(client, now):
     w2 = SlotLeases("w2", ttl_ms=300, client=client)
     w1.sync({T: range(4)})
     assert w2.sync({T: range(4)}).acquired == []  # held while w1 renews
-    lease_keys = [queue.slot_keys(T, s).lease for s in range(4)]
+    lease_keys = [slot_keys(T, s).lease for s in range(4)]
     # Unless renewed, every lease is gone within the lease time (Redis expires it: PX).
     assert all(0 < client.pttl(key) <= 300 for key in lease_keys)
     # w1 stops renewing (crashed): once Redis has expired its leases (observed, however long a
@@ -72,10 +73,10 @@ def test_a_dead_workers_slots_are_taken_over_within_the_lease_time(client, now):
 def test_renew_reports_lost_leases(client):
     w1 = SlotLeases("w1", client=client)
     w1.sync({T: [0, 1]})
-    client.delete(queue.slot_keys(T, 1).lease)
+    client.delete(slot_keys(T, 1).lease)
     assert w1.renew() == [(T, 1)] and w1.owned(T) == [0]
     w1.release_all()
-    assert client.get(queue.slot_keys(T, 0).lease) is None
+    assert client.get(slot_keys(T, 0).lease) is None
 
 
 def test_singleton_lease(client):

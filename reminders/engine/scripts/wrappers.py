@@ -1,178 +1,43 @@
-"""The only place Lua scripts are loaded and run; one typed wrapper per script (rq style).
-
-Each script lives in ``lua/<name>.lua`` with a header naming its KEYS, ARGV and return values;
-a line ``-- @include <fragment>`` pastes in ``lua/includes/<fragment>.lua``. Scripts run by EVALSHA
-and fall back to SCRIPT LOAD on NOSCRIPT (a restarted or failed-over Redis), in single calls and in
-pipelines.
+"""One typed wrapper per script (rq style): arguments in the order the script's header names
+them, replies turned into ``replies`` types.
 
 Return codes become exceptions here: a fenced script that finds another token in the slot's lease
-key returns -1 and the wrapper raises ``LeaseLost``. Callers never see raw replies.
+key returns -1 (``LEASE_LOST``) and the wrapper raises ``LeaseLost``. Callers never see raw
+replies. A ``*_call`` builds the same invocation for ``run_calls`` to pipeline, and a ``parse_*``
+reads its reply.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from itertools import repeat
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from redis.exceptions import NoScriptError
+from ..connection import Client
+from ..keys import SlotKeys
+from .loading import (
+    ACK,
+    CANCEL,
+    CLAIM_DUE,
+    CLAIM_PARCEL,
+    ENQUEUE,
+    LEASE_ACQUIRE,
+    LEASE_RELEASE,
+    LEASE_RENEW,
+    NACK,
+    PROMOTE,
+    PURGE_DEAD,
+    REAP,
+    REQUEUE_DEAD,
+    SETTLE_PARCEL,
+    SINGLETON_HOLD,
+    WORKERS_PRUNE,
+    Call,
+    as_str,
+)
+from .replies import Claimed, LeaseLost, NackResult, Parcel, ReapResult
 
-from .connection import Client, is_cluster
-from .keys import SlotKeys
-
-LUA_DIR = Path(__file__).parent / "lua"
-_INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.MULTILINE)
 LEASE_LOST = -1
-
-
-class EngineError(Exception):
-    """Base class of the engine's errors."""
-
-
-class LeaseLost(EngineError):
-    """The slot's lease no longer holds our fencing token: another worker owns the slot now."""
-
-    def __init__(self, keys: SlotKeys):
-        super().__init__(f"lease lost on {keys.topic}:{keys.slot}")
-        self.topic, self.slot = keys.topic, keys.slot
-
-
-class Parcel(NamedTuple):
-    """A batch claimed as one in-flight entry (``claim_parcel.lua``): settled whole by
-    ``settle_parcel``, or reaped whole. ``members`` are the job ids joined by ","."""
-
-    slot: int
-    parcel_id: int
-    size: int
-    members: str
-    # Job id -> attempt, for the jobs past their first attempt (the rest are on their first).
-    attempts: dict[str, int]
-
-    def job_ids(self) -> list[str]:
-        return self.members.split(",")
-
-
-class Claimed(NamedTuple):
-    job_id: str
-    due_ms: int
-    attempt: int
-    # Claimed alone because the reaper brought it back (its handler never answered): a handler
-    # that hands entries on should hand this one on alone too.
-    suspect: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class NackResult:
-    retried: int
-    dead: int
-    missing: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReapResult:
-    retried: int = 0
-    dead: int = 0
-    # The jobs that went dead (the owner's on_dead hook puts their database rows in shape).
-    dead_ids: tuple[str, ...] = field(default=(), compare=False)
-
-
-class LuaScript:
-    """One script file. ``directory`` is for scripts outside the engine (the benchmarks' raw
-    loop), which are loaded here too but are not among the production scripts (``ALL``)."""
-
-    def __init__(self, name: str, directory: Path = LUA_DIR):
-        self.name = name
-        self.text = _INCLUDE.sub(_fragment, (directory / f"{name}.lua").read_text())
-        self.sha = hashlib.sha1(self.text.encode()).hexdigest()
-
-    def __call__(self, client: Client, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            client.script_load(self.text)
-            return client.evalsha(self.sha, len(keys), *keys, *args)
-
-    def call(self, keys: Sequence[str], args: Sequence[Any]) -> Call:
-        return Call(self, tuple(keys), tuple(args))
-
-
-class Call(NamedTuple):
-    """One script invocation waiting to be sent in a pipeline by ``run_calls``."""
-
-    script: LuaScript
-    keys: tuple
-    args: tuple
-
-
-def _fragment(match: re.Match) -> str:
-    return (LUA_DIR / "includes" / f"{match.group(1)}.lua").read_text()
-
-
-ENQUEUE = LuaScript("enqueue")
-CANCEL = LuaScript("cancel")
-CLAIM_DUE = LuaScript("claim_due")
-CLAIM_PARCEL = LuaScript("claim_parcel")
-PROMOTE = LuaScript("promote")
-SETTLE_PARCEL = LuaScript("settle_parcel")
-ACK = LuaScript("ack")
-NACK = LuaScript("nack")
-REAP = LuaScript("reap")
-REQUEUE_DEAD = LuaScript("requeue_dead")
-PURGE_DEAD = LuaScript("purge_dead")
-LEASE_ACQUIRE = LuaScript("lease_acquire")
-LEASE_RENEW = LuaScript("lease_renew")
-LEASE_RELEASE = LuaScript("lease_release")
-SINGLETON_HOLD = LuaScript("singleton_hold")
-WORKERS_PRUNE = LuaScript("workers_prune")
-RATE_TAKE = LuaScript("rate_take")
-QUOTA_TAKE = LuaScript("quota_take")
-QUOTA_PENDING = LuaScript("quota_pending")
-UNCLAIM = LuaScript("unclaim")
-ALL = (ENQUEUE, CANCEL, CLAIM_DUE, CLAIM_PARCEL, SETTLE_PARCEL, PROMOTE, ACK, NACK, REAP,
-       REQUEUE_DEAD, PURGE_DEAD, LEASE_ACQUIRE, LEASE_RENEW, LEASE_RELEASE, SINGLETON_HOLD,
-       WORKERS_PRUNE, RATE_TAKE, QUOTA_TAKE, QUOTA_PENDING, UNCLAIM)  # fmt: skip
-
-
-def load_all(client: Client) -> None:
-    """SCRIPT LOAD every script (on a cluster: on every primary)."""
-    for script in ALL:
-        client.script_load(script.text)
-
-
-def pipeline(client: Client):
-    """A non-transactional pipeline; on a cluster, redis-py's cluster pipeline (routes per key)."""
-    return client.pipeline() if is_cluster(client) else client.pipeline(transaction=False)
-
-
-def run_calls(client: Client, calls: Sequence[Call]) -> list[Any]:
-    """Send ``calls`` in one pipeline; calls refused with NOSCRIPT are re-sent after a load."""
-    results = _send(client, calls)
-    retry = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-    if retry:
-        load_all(client)
-        for i, result in zip(retry, _send(client, [calls[i] for i in retry]), strict=True):
-            results[i] = result
-    for result in results:
-        if isinstance(result, Exception):
-            raise result
-    return results
-
-
-def _send(client: Client, calls: Sequence[Call]) -> list[Any]:
-    pipe = pipeline(client)
-    for script, keys, args in calls:
-        # execute_command: redis-py blocks the evalsha() helper on cluster pipelines, yet routes
-        # EVALSHA by its first key like any other command.
-        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-    return list(pipe.execute(raise_on_error=False))
-
-
-def as_str(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 # --- queue scripts -------------------------------------------------------------------------------
@@ -283,8 +148,11 @@ def claim_parcel(
 ) -> Parcel | None:
     """Up to ``limit`` due jobs, oldest first, as one in-flight parcel; None when nothing is
     due. Raises LeaseLost."""
-    raw = CLAIM_PARCEL(client, (k.store, k.prepare, k.meta, k.lease, k.parcels),
-                       (token, now_ms, limit, visibility_ms))  # fmt: skip
+    raw = CLAIM_PARCEL(
+        client,
+        (k.store, k.prepare, k.meta, k.lease, k.parcels),
+        (token, now_ms, limit, visibility_ms),
+    )
     if raw[0] == LEASE_LOST:
         raise LeaseLost(k)
     if len(raw) == 1:
@@ -355,7 +223,7 @@ def reap_call(k: SlotKeys, *, now_ms: int, limit: int, max_attempts: int, error:
     )
 
 
-def parse_reap(raw: Sequence[int]) -> ReapResult:
+def parse_reap(raw: Sequence[Any]) -> ReapResult:
     return ReapResult(retried=raw[0], dead=raw[1], dead_ids=tuple(as_str(i) for i in raw[2:]))
 
 
@@ -369,8 +237,9 @@ def reap(
     error: str = "visibility timeout",
 ) -> ReapResult:
     """Jobs whose visibility deadline passed go back to store (due now) or to dead."""
-    script, keys, args = reap_call(k, now_ms=now_ms, limit=limit, max_attempts=max_attempts,
-                                   error=error)  # fmt: skip
+    script, keys, args = reap_call(
+        k, now_ms=now_ms, limit=limit, max_attempts=max_attempts, error=error
+    )
     return parse_reap(script(client, keys, args))
 
 

@@ -63,10 +63,21 @@ class TimeoutJobOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = TimeoutJob
         fields = [
-            "job_id", "topic", "biz_type", "biz_id", "status", "status_code", "action_time",
-            "attribute", "recurrence", "series_start", "attempts", "last_error", "gmt_create",
+            "job_id",
+            "topic",
+            "biz_type",
+            "biz_id",
+            "status",
+            "status_code",
+            "action_time",
+            "attribute",
+            "recurrence",
+            "series_start",
+            "attempts",
+            "last_error",
+            "gmt_create",
             "gmt_modified",
-        ]  # fmt: skip
+        ]
 
 
 class _AttributeField(serializers.JSONField):
@@ -98,11 +109,14 @@ class TimeoutJobInputSerializer(serializers.Serializer):
         f"{settings.TIMEOUT_ATTRIBUTE_MAX_BYTES} bytes of JSON.",
     )
     recurrence = serializers.CharField(
-        max_length=rules.MAX_CHARS, required=False, default="", allow_blank=True,
+        max_length=rules.MAX_CHARS,
+        required=False,
+        default="",
+        allow_blank=True,
         help_text="Repeat: an RRULE (`FREQ=DAILY;BYHOUR=9;COUNT=30`) or a cron expression "
         "(`*/5 * * * *`, UTC). The series starts at `action_time`; each next occurrence is "
         "created when one has fired.",
-    )  # fmt: skip
+    )
 
     def validate_topic(self, value: str) -> str:
         return _usable_topic(self.context, value)
@@ -204,16 +218,26 @@ def _utc_text(moment: datetime) -> str:
 
 CREATE_EXAMPLE = OpenApiExample(
     "Close order 123 if unpaid in 30 minutes",
-    value={"topic": "order.close", "biz_type": "order", "biz_id": "123",
-           "action_time": "2026-11-23T12:30:00Z", "attribute": {"tenant": "acme"}},
+    value={
+        "topic": "order.close",
+        "biz_type": "order",
+        "biz_id": "123",
+        "action_time": "2026-11-23T12:30:00Z",
+        "attribute": {"tenant": "acme"},
+    },
     request_only=True,
-)  # fmt: skip
+)
 RECURRING_EXAMPLE = OpenApiExample(
     "Remind store 42 to reconcile every morning for 30 days",
-    value={"topic": "store.reconcile", "biz_type": "store", "biz_id": "42",
-           "action_time": "2026-11-24T09:00:00Z", "recurrence": "FREQ=DAILY;COUNT=30"},
+    value={
+        "topic": "store.reconcile",
+        "biz_type": "store",
+        "biz_id": "42",
+        "action_time": "2026-11-24T09:00:00Z",
+        "recurrence": "FREQ=DAILY;COUNT=30",
+    },
     request_only=True,
-)  # fmt: skip
+)
 KEY_PARAMETERS = [
     OpenApiParameter("topic", str, required=True, description="The job's topic."),
     OpenApiParameter("biz_type", str, required=True, description="e.g. `order`."),
@@ -319,7 +343,7 @@ class TimeoutJobBulkApi(APIView):
                     ]
                 },
                 request_only=True,
-            )  # fmt: skip
+            )
         ],
         responses={
             201: OpenApiResponse(TimeoutJobBulkOutputSerializer, description="Some created."),
@@ -492,6 +516,7 @@ class TimeoutJobEndApi(APIView):
         data = TimeoutJobEndSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         job = get_object_or_404(TimeoutJob, pk=job_id)
-        job = services.timeout_job_end(job=job, reason=data.validated_data["reason"],
-                                       by=request.user.get_username())  # fmt: skip
+        job = services.timeout_job_end(
+            job=job, reason=data.validated_data["reason"], by=request.user.get_username()
+        )
         return Response(TimeoutJobOutputSerializer(job).data)

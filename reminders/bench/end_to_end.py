@@ -155,8 +155,11 @@ def _report_late_rows(coupon: Coupon, sample: int = 5) -> None:
         rows = cursor.fetchall()
     logger.warning(
         "bench: %d inbox rows of coupon %s's users over %d ms late; the latest: %s",
-        count, coupon.pk, LATE_REPORT_MS, rows,
-    )  # fmt: skip
+        count,
+        coupon.pk,
+        LATE_REPORT_MS,
+        rows,
+    )
 
 
 def settle(progress: Progress | None, timeout: float = 120) -> None:
@@ -366,9 +369,12 @@ def run(
                 with prestage_window(0):
                     day_ahead = epoch_ms(timezone.now() + timedelta(days=1))
                     backlog_bench.schedule_backlog(
-                        REMINDER_TOPIC, backlog, due_ms=day_ahead, slots=live.slots,
+                        REMINDER_TOPIC,
+                        backlog,
+                        due_ms=day_ahead,
+                        slots=live.slots,
                         progress=progress,
-                    )  # fmt: skip
+                    )
                     steady = bench_steady(
                         steady_rate, steady_seconds, BENCH_USER_BASE + count, progress
                     )

@@ -121,10 +121,27 @@ def _phase_figures(name: str, figures: dict[str, Any]) -> dict[str, Any]:
 
 
 def _celery_worker(queue: str, log_dir: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "celery", "-A", "couponcenter", "worker", "--pool", "prefork",
-               "--concurrency", str(CELERY_CONCURRENCY), "-Q", queue, "--without-gossip",
-               "--without-mingle", "--without-heartbeat", "--loglevel", "WARNING",
-               "--include", "reminders.bench.peer_tasks"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "couponcenter",
+        "worker",
+        "--pool",
+        "prefork",
+        "--concurrency",
+        str(CELERY_CONCURRENCY),
+        "-Q",
+        queue,
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--loglevel",
+        "WARNING",
+        "--include",
+        "reminders.bench.peer_tasks",
+    ]
     os.makedirs(log_dir, exist_ok=True)
     log = open(os.path.join(log_dir, "bench-peer-celery.log"), "w")  # noqa: SIM115
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

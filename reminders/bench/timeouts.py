@@ -51,8 +51,11 @@ from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.services import timeout_jobs_bulk_create, timeout_jobs_rebuild, timeout_topic_save
 
 BURST_TOPIC, SLOW_TOPIC, STEADY_TOPIC, API_TOPIC = (
-    "bench.http", "bench.slow", "bench.steady", "bench.api",
-)  # fmt: skip
+    "bench.http",
+    "bench.slow",
+    "bench.steady",
+    "bench.api",
+)
 TOPICS = (BURST_TOPIC, SLOW_TOPIC, STEADY_TOPIC, API_TOPIC)
 CHUNK = 10_000  # jobs per bulk create (the API's limit)
 BENCH_ACCOUNT = "bench-timeouts"
@@ -69,9 +72,13 @@ def _noop(what: str, done: int, total: int) -> None:
 @contextmanager
 def receiver_process():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "reminders.bench.receiver", str(port)],
-                            cwd=settings.BASE_DIR, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reminders.bench.receiver", str(port)],
+        cwd=settings.BASE_DIR,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         if "ready" not in line:
@@ -84,8 +91,13 @@ def receiver_process():
 
 @contextmanager
 def worker_process(prefix: str, topics: tuple[str, ...], log_dir: str):
-    env = {**os.environ, "REDIS_KEY_PREFIX": prefix, "LOG_LEVEL": "WARNING",
-           "WEBHOOK_ALLOW_PRIVATE": "1", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "REDIS_KEY_PREFIX": prefix,
+        "LOG_LEVEL": "WARNING",
+        "WEBHOOK_ALLOW_PRIVATE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     argv = [sys.executable, str(settings.BASE_DIR / "manage.py"), "run_reminder_worker"]
     for topic in topics:
         argv += ["--topic", topic]
@@ -113,8 +125,9 @@ def _arrived(receiver: str, path: str) -> Callable[[], int]:
     return lambda: _stats(receiver).get(path, {}).get("count", 0)
 
 
-def _wait(what: str, done: Callable[[], int], total: int, timeout: float,
-          progress: Progress) -> bool:  # fmt: skip
+def _wait(
+    what: str, done: Callable[[], int], total: int, timeout: float, progress: Progress
+) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         n = done()
@@ -136,8 +149,12 @@ def bench_raw(receiver: str, *, count: int, threads: int) -> dict[str, Any]:
     def hammer() -> None:
         with requests.Session() as session:
             for _ in range(per_thread):
-                session.post(f"{receiver}/raw", data=body, timeout=30,
-                             headers={"Content-Type": "application/json"})  # fmt: skip
+                session.post(
+                    f"{receiver}/raw",
+                    data=body,
+                    timeout=30,
+                    headers={"Content-Type": "application/json"},
+                )
 
     started = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
@@ -149,21 +166,40 @@ def bench_raw(receiver: str, *, count: int, threads: int) -> dict[str, Any]:
 
 def _topic(name: str, url: str, **fields) -> TimeoutTopic:
     TimeoutTopic.objects.filter(name=name).delete()
-    return timeout_topic_save(topic=TimeoutTopic(name=name), type="http", target=url,
-                              secret=secrets.token_urlsafe(32), allow_http=True,
-                              **fields)  # fmt: skip
+    return timeout_topic_save(
+        topic=TimeoutTopic(name=name),
+        type="http",
+        target=url,
+        secret=secrets.token_urlsafe(32),
+        allow_http=True,
+        **fields,
+    )
 
 
-def _create(topic: str, count: int, *, at, step_s: float = 0.0, prefix: str = "b",
-            progress: Progress, what: str) -> None:  # fmt: skip
+def _create(
+    topic: str,
+    count: int,
+    *,
+    at,
+    step_s: float = 0.0,
+    prefix: str = "b",
+    progress: Progress,
+    what: str,
+) -> None:
     made = 0
     while made < count:
         size = min(CHUNK, count - made)
-        timeout_jobs_bulk_create([
-            {"topic": topic, "biz_type": "bench", "biz_id": f"{prefix}-{made + i}",
-             "action_time": at + timedelta(seconds=step_s * (made + i))}
-            for i in range(size)
-        ])  # fmt: skip
+        timeout_jobs_bulk_create(
+            [
+                {
+                    "topic": topic,
+                    "biz_type": "bench",
+                    "biz_id": f"{prefix}-{made + i}",
+                    "action_time": at + timedelta(seconds=step_s * (made + i)),
+                }
+                for i in range(size)
+            ]
+        )
         made += size
         progress(what, made, count)
 
@@ -181,14 +217,22 @@ def bench_burst(receiver: str, *, count: int, progress: Progress) -> dict[str, A
     _create(BURST_TOPIC, count, at=timezone.now() + FAR, progress=progress, what="burst: create")
     due = timezone.now() + timedelta(seconds=3)
     _move_due(BURST_TOPIC, due)
-    done = _wait("burst: fired", _arrived(receiver, "/fast"), count,
-                 timeout=max(120, count / 200), progress=progress)  # fmt: skip
+    done = _wait(
+        "burst: fired",
+        _arrived(receiver, "/fast"),
+        count,
+        timeout=max(120, count / 200),
+        progress=progress,
+    )
     stats = _stats(receiver, "/fast")
     fast = stats.get("/fast", {})
     elapsed = max(1e-3, fast.get("last", due.timestamp()) - due.timestamp())
-    result = {"burst_count": count, "burst_completed": done,
-              "burst_delivered_per_s": round(fast.get("count", 0) / elapsed),
-              "burst_seconds": round(elapsed, 2)}  # fmt: skip
+    result = {
+        "burst_count": count,
+        "burst_completed": done,
+        "burst_delivered_per_s": round(fast.get("count", 0) / elapsed),
+        "burst_seconds": round(elapsed, 2),
+    }
     result.update(lateness_summary(stats.get("lateness_ms", []), prefix="burst_lateness"))
     return result
 
@@ -206,18 +250,40 @@ def quiet_database() -> None:
 def bench_isolation(receiver: str, *, rate: int, seconds: int, progress: Progress) -> dict:
     """The fast topic's lateness while the slow one's executor is full the whole time."""
     slow_jobs = 4 * 2 * (seconds + 10)  # concurrency 4, 1 s a call: busy past the window
-    _create(SLOW_TOPIC, slow_jobs, at=timezone.now(), prefix="slow", progress=progress,
-            what="isolation: slow jobs")  # fmt: skip
-    _wait("isolation: slow topic busy", _arrived(receiver, "/slow"), 4, timeout=60,
-          progress=progress)  # fmt: skip
+    _create(
+        SLOW_TOPIC,
+        slow_jobs,
+        at=timezone.now(),
+        prefix="slow",
+        progress=progress,
+        what="isolation: slow jobs",
+    )
+    _wait(
+        "isolation: slow topic busy", _arrived(receiver, "/slow"), 4, timeout=60, progress=progress
+    )
     total = rate * seconds
-    _create(STEADY_TOPIC, total, at=timezone.now() + timedelta(seconds=2), step_s=1 / rate,
-            prefix="steady", progress=progress, what="isolation: steady jobs")  # fmt: skip
-    done = _wait("isolation: steady fired", _arrived(receiver, "/steady"), total,
-                 timeout=seconds + 120, progress=progress)  # fmt: skip
+    _create(
+        STEADY_TOPIC,
+        total,
+        at=timezone.now() + timedelta(seconds=2),
+        step_s=1 / rate,
+        prefix="steady",
+        progress=progress,
+        what="isolation: steady jobs",
+    )
+    done = _wait(
+        "isolation: steady fired",
+        _arrived(receiver, "/steady"),
+        total,
+        timeout=seconds + 120,
+        progress=progress,
+    )
     stats = _stats(receiver, "/steady")
-    result = {"isolation_steady_rate": rate, "isolation_completed": done,
-              "isolation_slow_calls": stats.get("/slow", {}).get("count", 0)}  # fmt: skip
+    result = {
+        "isolation_steady_rate": rate,
+        "isolation_completed": done,
+        "isolation_slow_calls": stats.get("/slow", {}).get("count", 0),
+    }
     result.update(lateness_summary(stats.get("lateness_ms", []), prefix="isolation_lateness"))
     return result
 
@@ -246,18 +312,29 @@ def bench_api(*, bulk_jobs: int, cancels: int, progress: Progress) -> dict[str, 
         # The request bodies are made before the clock starts (a client has its jobs at hand);
         # two requests at a time, one per gunicorn worker, as a client with jobs to spare would.
         bodies = [
-            json.dumps({"jobs": [{"topic": API_TOPIC, "biz_type": "bulk", "biz_id": str(n),
-                                  "action_time": at}
-                                 for n in range(start, min(start + CHUNK, bulk_jobs))]})
+            json.dumps(
+                {
+                    "jobs": [
+                        {
+                            "topic": API_TOPIC,
+                            "biz_type": "bulk",
+                            "biz_id": str(n),
+                            "action_time": at,
+                        }
+                        for n in range(start, min(start + CHUNK, bulk_jobs))
+                    ]
+                }
+            )
             for start in range(0, bulk_jobs, CHUNK)
-        ]  # fmt: skip
+        ]
         lock, sent = threading.Lock(), [0]
 
         def post(body: str) -> None:
             local = getattr(_sessions, "s", None) or requests.Session()
             _sessions.s = local
-            response = local.post(f"{gunicorn.url}/api/timeouts/bulk/", data=body,
-                                  headers=headers, timeout=120)  # fmt: skip
+            response = local.post(
+                f"{gunicorn.url}/api/timeouts/bulk/", data=body, headers=headers, timeout=120
+            )
             if response.status_code != 201:
                 raise RuntimeError(f"bulk create: {response.status_code} {response.text[:300]}")
             with lock:
@@ -275,9 +352,12 @@ def bench_api(*, bulk_jobs: int, cancels: int, progress: Progress) -> dict[str, 
         def cancel(i: int) -> int:
             local = getattr(_sessions, "s", None) or requests.Session()
             _sessions.s = local
-            response = local.delete(f"{gunicorn.url}/api/timeouts/by-key/", headers=headers,
-                                    params={"topic": API_TOPIC, "biz_type": "bulk",
-                                            "biz_id": str(i)}, timeout=30)  # fmt: skip
+            response = local.delete(
+                f"{gunicorn.url}/api/timeouts/by-key/",
+                headers=headers,
+                params={"topic": API_TOPIC, "biz_type": "bulk", "biz_id": str(i)},
+                timeout=30,
+            )
             with lock:
                 done[0] += 1
                 progress("api: cancel by key", done[0], cancels)
@@ -292,8 +372,12 @@ def bench_api(*, bulk_jobs: int, cancels: int, progress: Progress) -> dict[str, 
             raise RuntimeError(f"cancel by key: {len(bad)} answers were not 200: {bad[:5]}")
     finally:
         gunicorn.stop()
-    return {"bulk_create_jobs_per_s": round(bulk_per_s), "bulk_jobs": sent,
-            "cancel_by_key_per_s": round(cancel_per_s), "cancels": len(codes)}  # fmt: skip
+    return {
+        "bulk_create_jobs_per_s": round(bulk_per_s),
+        "bulk_jobs": sent,
+        "cancel_by_key_per_s": round(cancel_per_s),
+        "cancels": len(codes),
+    }
 
 
 _sessions = threading.local()
@@ -341,11 +425,17 @@ def run(
         with receiver_process() as receiver:
             result.update(bench_raw(receiver, count=raw_count, threads=concurrency))
             _topic(BURST_TOPIC, f"{receiver}/fast", concurrency=concurrency, slots=16)
-            _topic(SLOW_TOPIC, f"{receiver}/slow?delay=1", concurrency=4, timeout_ms=5_000,
-                   visibility_ms=60_000)  # fmt: skip
+            _topic(
+                SLOW_TOPIC,
+                f"{receiver}/slow?delay=1",
+                concurrency=4,
+                timeout_ms=5_000,
+                visibility_ms=60_000,
+            )
             _topic(STEADY_TOPIC, f"{receiver}/steady", concurrency=concurrency)
-            with worker_process(prefix, (BURST_TOPIC, SLOW_TOPIC, STEADY_TOPIC),
-                                log_dir or str(settings.VAR_DIR)):  # fmt: skip
+            with worker_process(
+                prefix, (BURST_TOPIC, SLOW_TOPIC, STEADY_TOPIC), log_dir or str(settings.VAR_DIR)
+            ):
                 # Isolation first, on a quiet database: after the burst, autovacuum of its
                 # 200,000 updated rows would be measured too.
                 isolation = bench_isolation(

@@ -116,9 +116,12 @@ def prune_workers(*, now_ms: int, older_than_ms: int, client: Client | None = No
     client = connection.client(client)
     client.zremrangebyscore(keys.workers_alive(), "-inf", now_ms - older_than_ms)
     return scripts.workers_prune(
-        client, keys.workers_beats(), keys.workers_info(),
-        cutoff_ms=now_ms - older_than_ms, limit=1000,
-    )  # fmt: skip
+        client,
+        keys.workers_beats(),
+        keys.workers_info(),
+        cutoff_ms=now_ms - older_than_ms,
+        limit=1000,
+    )
 
 
 # --- slot assignment ------------------------------------------------------------------------------
@@ -183,9 +186,15 @@ class SlotLeases:
         want = {(topic, slot) for topic, slots in wanted.items() for slot in slots}
         report.released = self._release([pair for pair in self.held if pair not in want])
         pairs = sorted(want)
-        calls = [scripts.lease_acquire_call(slot_keys(*pair), holder=self.worker_id,
-                                            ttl_ms=self.ttl_ms, current=self.held.get(pair))
-                 for pair in pairs]  # fmt: skip
+        calls = [
+            scripts.lease_acquire_call(
+                slot_keys(*pair),
+                holder=self.worker_id,
+                ttl_ms=self.ttl_ms,
+                current=self.held.get(pair),
+            )
+            for pair in pairs
+        ]
         for pair, raw in zip(
             pairs, scripts.run_calls(connection.client(self.client), calls), strict=True
         ):
@@ -205,8 +214,12 @@ class SlotLeases:
 
     def _renew(self) -> list[tuple[str, int]]:
         pairs = list(self.held)
-        calls = [scripts.lease_renew_call(slot_keys(*pair).lease, token=self.held[pair],
-                                          ttl_ms=self.ttl_ms) for pair in pairs]  # fmt: skip
+        calls = [
+            scripts.lease_renew_call(
+                slot_keys(*pair).lease, token=self.held[pair], ttl_ms=self.ttl_ms
+            )
+            for pair in pairs
+        ]
         lost = [
             p
             for p, ok in zip(
@@ -229,8 +242,10 @@ class SlotLeases:
 
     def _release(self, pairs: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
         pairs = [pair for pair in pairs if pair in self.held]
-        calls = [scripts.lease_release_call(slot_keys(*pair).lease, token=self.held.pop(pair))
-                 for pair in pairs]  # fmt: skip
+        calls = [
+            scripts.lease_release_call(slot_keys(*pair).lease, token=self.held.pop(pair))
+            for pair in pairs
+        ]
         if calls:
             scripts.run_calls(connection.client(self.client), calls)
         return pairs

@@ -27,16 +27,22 @@ def take(
 ) -> int:
     """Up to ``want`` tokens of ``topic``'s bucket (refilled at ``rate_per_s``)."""
     return int(
-        scripts.RATE_TAKE(connection.client(client), [keys.rate_bucket(topic)],
-                          [rate_per_s, burst_for(rate_per_s), now_ms, want, 0])
-    )  # fmt: skip
+        scripts.RATE_TAKE(
+            connection.client(client),
+            [keys.rate_bucket(topic)],
+            [rate_per_s, burst_for(rate_per_s), now_ms, want, 0],
+        )
+    )
 
 
 def give_back(
     topic: str, rate_per_s: int, unused: int, *, now_ms: int, client: Client | None = None
 ) -> None:
-    scripts.RATE_TAKE(connection.client(client), [keys.rate_bucket(topic)],
-                      [rate_per_s, burst_for(rate_per_s), now_ms, 0, unused])  # fmt: skip
+    scripts.RATE_TAKE(
+        connection.client(client),
+        [keys.rate_bucket(topic)],
+        [rate_per_s, burst_for(rate_per_s), now_ms, 0, unused],
+    )
 
 
 def state(topic: str, *, client: Client | None = None) -> RateState | None:

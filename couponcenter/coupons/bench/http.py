@@ -142,12 +142,20 @@ class Gunicorn:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in stop()
-        env = {**env, "GUNICORN_BIND": f"127.0.0.1:{self.port}", "WEB_CONCURRENCY": str(workers),
-               "GUNICORN_WORKER_CLASS": worker_class, "GUNICORN_THREADS": str(threads)}  # fmt: skip
+        env = {
+            **env,
+            "GUNICORN_BIND": f"127.0.0.1:{self.port}",
+            "WEB_CONCURRENCY": str(workers),
+            "GUNICORN_WORKER_CLASS": worker_class,
+            "GUNICORN_THREADS": str(threads),
+        }
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "couponcenter.wsgi", "-c", "gunicorn.conf.py"],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.workers = workers
 
     def wait_ready(self, timeout: float = 30) -> None:
@@ -325,30 +333,48 @@ def run(
     gen_threads = 1  # one generator thread: on 2 cores every cycle it takes is gunicorn's loss
     stock = stock or int(seconds * 1500)
     coupon = services.coupon_create(
-        name=f"bench-http {timezone.now():%H:%M:%S}", claim_opens_at=timezone.now() - timedelta(
-            minutes=1), total_stock=stock, per_user_limit=1, valid_for=timedelta(days=1),
-    )  # fmt: skip
+        name=f"bench-http {timezone.now():%H:%M:%S}",
+        claim_opens_at=timezone.now() - timedelta(minutes=1),
+        total_stock=stock,
+        per_user_limit=1,
+        valid_for=timedelta(days=1),
+    )
     _, token = services.account_ensure(username=BENCH_ACCOUNT, act_for_any_user=True)
     connection.close()  # gunicorn's workers need the connection slots more than we do
 
-    gunicorn = Gunicorn(workers=workers, worker_class=worker_class, threads=threads,
-                        env=server_env(THROTTLE_CLAIM="1000000000/min"))  # fmt: skip
+    gunicorn = Gunicorn(
+        workers=workers,
+        worker_class=worker_class,
+        threads=threads,
+        env=server_env(THROTTLE_CLAIM="1000000000/min"),
+    )
     try:
         progress(f"gunicorn: {workers} x {worker_class} on {gunicorn.url}")
         gunicorn.wait_ready()
-        _raw_load(gunicorn, generator=generator, seconds=1, connections=connections,
-                  threads=gen_threads)  # warm-up: every worker imported and connected  # fmt: skip
+        _raw_load(
+            gunicorn, generator=generator, seconds=1, connections=connections, threads=gen_threads
+        )  # warm-up: every worker imported and connected
         progress(f"raw limit: {raw_seconds}s of GET /healthz/live/")
         meter = CpuMeter(gunicorn)
-        raw, raw_gen_cpu = _raw_load(gunicorn, generator=generator, seconds=raw_seconds,
-                                     connections=connections, threads=gen_threads)  # fmt: skip
+        raw, raw_gen_cpu = _raw_load(
+            gunicorn,
+            generator=generator,
+            seconds=raw_seconds,
+            connections=connections,
+            threads=gen_threads,
+        )
         raw_cpu = meter.used()["gunicorn"]
         progress(f"claims: {seconds}s of POST /api/users/{{id}}/coupons/ (stock {stock})")
         meter = CpuMeter(gunicorn)
         load, gen_cpu = _claim_load(
-            gunicorn, generator=generator, coupon_id=coupon.pk, token=token, seconds=seconds,
-            connections=connections, threads=gen_threads,
-        )  # fmt: skip
+            gunicorn,
+            generator=generator,
+            coupon_id=coupon.pk,
+            token=token,
+            seconds=seconds,
+            connections=connections,
+            threads=gen_threads,
+        )
         cpu = meter.used()
     finally:
         gunicorn.stop()

@@ -5,7 +5,7 @@
     --host http://127.0.0.1:8000 --headless -u 200 -r 50 -t 30s
 
 The service account needs ``couponcenter.act_for_any_user`` (``manage.py shell -c "from
-couponcenter.coupons.services import account_ensure; print(account_ensure(username='load',
+couponcenter.coupons.accounts import account_ensure; print(account_ensure(username='load',
 act_for_any_user=True)[1])"``). Every simulated request uses a new end-user id, as in a flash sale.
 ``manage.py bench_claims_http`` is the project's own figure (wrk, oversell audit, raw limit).
 """

@@ -41,7 +41,7 @@ from django.db import connection
 from django.utils import timezone
 
 from couponcenter.core.redis import get_redis
-from couponcenter.coupons import services as coupon_services
+from couponcenter.coupons import accounts
 from couponcenter.coupons.bench.http import Gunicorn, free_port, server_env
 from couponcenter.coupons.bench.lateness import lateness_summary
 from couponcenter.coupons.bench.progress import Progress
@@ -298,9 +298,7 @@ def _drop_slow_jobs() -> None:
 
 def bench_api(*, bulk_jobs: int, cancels: int, progress: Progress) -> dict[str, Any]:
     timeout_topic_save(topic=TimeoutTopic(name=API_TOPIC), type="log", paused=True, slots=16)
-    user, token = coupon_services.account_ensure(
-        username=BENCH_ACCOUNT, permissions=("manage_timeouts",)
-    )
+    user, token = accounts.account_ensure(username=BENCH_ACCOUNT, permissions=("manage_timeouts",))
     user.is_staff = True  # staff use every topic, the bench's unowned one included
     user.save(update_fields=["is_staff"])
     connection.close()

@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
+from couponcenter.coupons import accounts
 from couponcenter.coupons.models import Account
 from tests.support.factories import CouponFactory, api_user
 
@@ -27,6 +28,18 @@ def _client(token: str | None = None) -> APIClient:
 @pytest.fixture
 def staff() -> APIClient:
     return _client(api_user(staff=True)[1])
+
+
+def test_account_ensure_is_idempotent_and_passwordless():
+    user, token = accounts.account_ensure(username="svc", act_for_any_user=True)
+    again, same_token = accounts.account_ensure(username="svc", act_for_any_user=True)
+    assert (again.pk, same_token) == (user.pk, token)
+    user = get_user_model().objects.get(pk=user.pk)
+    assert not user.has_usable_password()
+    assert user.has_perm("couponcenter.act_for_any_user")
+    linked, _ = accounts.account_ensure(username="u1", end_user_id=1)
+    assert linked.coupon_account.end_user_id == 1
+    assert not get_user_model().objects.get(pk=linked.pk).has_perm("couponcenter.act_for_any_user")
 
 
 def test_an_end_user_account_acts_for_its_user_only(staff):

@@ -31,7 +31,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from couponcenter.core.webhooks import OutboundCallFailed, check_target, post_signed
-from couponcenter.coupons import services
+from couponcenter.coupons import accounts
 from couponcenter.coupons.models import Coupon
 from reminders.engine import topic_model
 from reminders.engine.clock import epoch_ms
@@ -262,7 +262,7 @@ def _reproduce(attack: str) -> tuple[str, str, dict, Callable[[], bool]]:
         body = {"username": "sec-mint", "permissions": every}
         return "post", "/api/accounts/", body, _none(User, username="sec-mint")
     if attack == "take another tenant's token":
-        tenant, token, _ = services.account_provision(
+        tenant, token, _ = accounts.account_provision(
             username="sec-tenant", permissions=("manage_timeouts",), api_only=True
         )
 

@@ -6,7 +6,6 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
@@ -290,18 +289,3 @@ def test_redeem_someone_elses_coupon():
     with pytest.raises(UserCoupon.DoesNotExist):
         services.coupon_redeem(user_coupon_id=user_coupon.pk, user_id=2)
     assert UserCoupon.objects.get(pk=user_coupon.pk).status == UserCoupon.Status.UNUSED
-
-
-# --- accounts --------------------------------------------------------------------------------
-
-
-def test_account_ensure_is_idempotent_and_passwordless():
-    user, token = services.account_ensure(username="svc", act_for_any_user=True)
-    again, same_token = services.account_ensure(username="svc", act_for_any_user=True)
-    assert (again.pk, same_token) == (user.pk, token)
-    user = get_user_model().objects.get(pk=user.pk)
-    assert not user.has_usable_password()
-    assert user.has_perm("couponcenter.act_for_any_user")
-    linked, _ = services.account_ensure(username="u1", end_user_id=1)
-    assert linked.coupon_account.end_user_id == 1
-    assert not get_user_model().objects.get(pk=linked.pk).has_perm("couponcenter.act_for_any_user")

@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 
 from couponcenter.core.api.errors import conflict_serializer, error_responses
 from couponcenter.core.api.permissions import staff_permissions
-from couponcenter.coupons import services
+from couponcenter.coupons import accounts
 
 MAX_USER_ID = 10**18 - 1
 
@@ -42,10 +42,10 @@ class AccountApi(APIView):
             help_text="The end user this account acts for (an end user's app).",
         )
         permissions = serializers.ListField(
-            child=serializers.ChoiceField(choices=sorted(services.ACCOUNT_PERMISSIONS)),
+            child=serializers.ChoiceField(choices=sorted(accounts.ACCOUNT_PERMISSIONS)),
             required=False,
             default=list,
-            max_length=len(services.ACCOUNT_PERMISSIONS),
+            max_length=len(accounts.ACCOUNT_PERMISSIONS),
             help_text="What else the account may do; the account has exactly these afterwards. "
             "Only permissions the caller holds itself.",
         )
@@ -105,7 +105,7 @@ class AccountApi(APIView):
         body = self.InputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         v = body.validated_data
-        user, token, created = services.account_provision(
+        user, token, created = accounts.account_provision(
             username=v["username"],
             end_user_id=v.get("user_id"),
             permissions=tuple(v["permissions"]),
@@ -116,7 +116,7 @@ class AccountApi(APIView):
         out = {
             "username": user.username,
             "user_id": v.get("user_id"),
-            "permissions": services.account_permissions(user),
+            "permissions": accounts.account_permissions(user),
             "token": token,
         }
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
@@ -151,7 +151,7 @@ class AccountTokenRevokeApi(APIView):
         body = self.InputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         try:
-            services.account_token_revoke(username=body.validated_data["username"])
+            accounts.account_token_revoke(username=body.validated_data["username"])
         except get_user_model().DoesNotExist:
             raise NotFound("No such user.") from None
         return Response(status=status.HTTP_204_NO_CONTENT)

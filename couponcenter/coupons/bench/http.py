@@ -39,7 +39,7 @@ from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
-from couponcenter.coupons import selectors, services
+from couponcenter.coupons import accounts, selectors, services
 from couponcenter.coupons.bench import load_generators
 from couponcenter.coupons.models import Coupon, UserCoupon
 
@@ -339,7 +339,7 @@ def run(
         per_user_limit=1,
         valid_for=timedelta(days=1),
     )
-    _, token = services.account_ensure(username=BENCH_ACCOUNT, act_for_any_user=True)
+    _, token = accounts.account_ensure(username=BENCH_ACCOUNT, act_for_any_user=True)
     connection.close()  # gunicorn's workers need the connection slots more than we do
 
     gunicorn = Gunicorn(

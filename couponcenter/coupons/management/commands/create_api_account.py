@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from couponcenter.core.errors import BusinessError
-from couponcenter.coupons import services
+from couponcenter.coupons import accounts
 
 MAX_USER_ID = 10**18 - 1
 
@@ -20,7 +20,7 @@ class Command(BaseCommand):
             "--permission",
             action="append",
             default=[],
-            choices=sorted(services.ACCOUNT_PERMISSIONS),
+            choices=sorted(accounts.ACCOUNT_PERMISSIONS),
             help="repeat for several",
         )
 
@@ -32,7 +32,7 @@ class Command(BaseCommand):
         if user_id is not None and "act_for_any_user" in permission:
             raise CommandError("an account linked to one user cannot act for any user")
         try:
-            user, token, created = services.account_provision(
+            user, token, created = accounts.account_provision(
                 username=username,
                 end_user_id=user_id,
                 permissions=tuple(permission),
@@ -40,7 +40,7 @@ class Command(BaseCommand):
             )
         except BusinessError as exc:
             raise CommandError(exc.message) from None
-        held = ", ".join(services.account_permissions(user)) or "none"
+        held = ", ".join(accounts.account_permissions(user)) or "none"
         link = f"acts for user {user_id}" if user_id is not None else "linked to no end user"
         verb = "created" if created else "updated"
         self.stderr.write(f"{verb} {user.username}: {link}; permissions: {held}")

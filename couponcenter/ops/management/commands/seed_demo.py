@@ -13,7 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from couponcenter.coupons import services
+from couponcenter.coupons import accounts, services
 from couponcenter.coupons.models import Coupon, UserCoupon
 from couponcenter.coupons.rules import ClaimRefused
 from reminders.models import ReminderSubscription
@@ -122,8 +122,8 @@ class Command(BaseCommand):
         )
 
     def _accounts(self) -> None:
-        _, service_token = services.account_ensure(username="demo-service", act_for_any_user=True)
-        _, user_token = services.account_ensure(
+        _, service_token = accounts.account_ensure(username="demo-service", act_for_any_user=True)
+        _, user_token = accounts.account_ensure(
             username=f"demo-user-{DEMO_USER_ID}", end_user_id=DEMO_USER_ID
         )
         self.stdout.write(

@@ -1,7 +1,9 @@
-"""The production processes a reminders benchmark measures, started as subprocesses of the
-benchmark and stopped afterwards: a reminder worker and a Celery worker on the benchmark's own key
-prefix and queue (``bench_processes``), and the one way every benchmark stops a process it started
-(``stop``). The measuring stays in the benchmark modules.
+"""The processes a reminders benchmark runs beside itself, started as subprocesses and stopped
+afterwards: a reminder worker and a Celery worker on the benchmark's own key prefix and queue
+(``bench_processes``); for ``bench_timeouts``, a reminder worker on the bench's timeout topics
+(``timeout_worker_process``) and the local receiver its http jobs call (``receiver_process``);
+and the one way every benchmark stops a process it started (``stop``). The measuring stays in the
+benchmark modules.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from contextlib import contextmanager
 from celery import current_app
 from django.conf import settings
 
+from couponcenter.coupons.bench.http import free_port
 from reminders.engine import leases
 
 # Pool processes of the one Celery worker: one per core of the benchmark machine.
@@ -83,3 +86,53 @@ def _wait_ready(procs: list[subprocess.Popen], timeout: float = 60) -> None:
             return
         time.sleep(0.2)
     raise RuntimeError("bench processes did not become ready in time")
+
+
+@contextmanager
+def receiver_process():
+    """``reminders.bench.receiver`` on a free port, until it says it is ready; yields its URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reminders.bench.receiver", str(port)],
+        cwd=settings.BASE_DIR,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        if "ready" not in line:
+            raise RuntimeError(f"the receiver did not start: {line}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def timeout_worker_process(prefix: str, topics: tuple[str, ...], log_dir: str):
+    """``run_reminder_worker`` firing only ``topics``, on the bench's key prefix, until its lease
+    shows up in Redis; its log is ``bench-timeouts-worker.log`` in ``log_dir``."""
+    env = {
+        **os.environ,
+        "REDIS_KEY_PREFIX": prefix,
+        "LOG_LEVEL": "WARNING",
+        "WEBHOOK_ALLOW_PRIVATE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    argv = [sys.executable, str(settings.BASE_DIR / "manage.py"), "run_reminder_worker"]
+    for topic in topics:
+        argv += ["--topic", topic]
+    os.makedirs(log_dir, exist_ok=True)
+    log = open(os.path.join(log_dir, "bench-timeouts-worker.log"), "w")  # noqa: SIM115
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(w.pid == proc.pid for w in leases.list_workers()):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the bench worker did not start; see bench-timeouts-worker.log")
+            time.sleep(0.1)
+        yield proc
+    finally:
+        stop(proc)
+        log.close()

@@ -16,22 +16,19 @@ One run, one machine, each figure beside its raw limit where there is one:
   requests per second.
 
 Everything it makes lives under its own Redis key prefix and ``bench.*`` topics, removed at the
-end (the rows too).
+end (the rows too). The worker and the receiver it runs beside itself are in
+``reminders.bench.processes``; the phases and their measuring are here.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -42,11 +39,10 @@ from django.utils import timezone
 
 from couponcenter.core.redis import get_redis
 from couponcenter.coupons import accounts
-from couponcenter.coupons.bench.http import Gunicorn, free_port, server_env
+from couponcenter.coupons.bench.http import Gunicorn, server_env
 from couponcenter.coupons.bench.lateness import lateness_summary
 from couponcenter.coupons.bench.progress import Progress
-from reminders.bench.processes import stop
-from reminders.engine import leases
+from reminders.bench.processes import receiver_process, timeout_worker_process
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.services import timeout_jobs_bulk_create, timeout_jobs_rebuild, timeout_topic_save
 
@@ -64,56 +60,6 @@ FAR = timedelta(days=3650)
 
 def _noop(what: str, done: int, total: int) -> None:
     pass
-
-
-# --- processes ------------------------------------------------------------------------------------
-
-
-@contextmanager
-def receiver_process():
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "reminders.bench.receiver", str(port)],
-        cwd=settings.BASE_DIR,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        line = proc.stdout.readline()
-        if "ready" not in line:
-            raise RuntimeError(f"the receiver did not start: {line}")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-@contextmanager
-def worker_process(prefix: str, topics: tuple[str, ...], log_dir: str):
-    env = {
-        **os.environ,
-        "REDIS_KEY_PREFIX": prefix,
-        "LOG_LEVEL": "WARNING",
-        "WEBHOOK_ALLOW_PRIVATE": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-    argv = [sys.executable, str(settings.BASE_DIR / "manage.py"), "run_reminder_worker"]
-    for topic in topics:
-        argv += ["--topic", topic]
-    os.makedirs(log_dir, exist_ok=True)
-    log = open(os.path.join(log_dir, "bench-timeouts-worker.log"), "w")  # noqa: SIM115
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while not any(w.pid == proc.pid for w in leases.list_workers()):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the bench worker did not start; see bench-timeouts-worker.log")
-            time.sleep(0.1)
-        yield proc
-    finally:
-        stop(proc)
-        log.close()
 
 
 def _stats(receiver: str, lateness_of: str | None = None) -> dict:
@@ -431,7 +377,7 @@ def run(
                 visibility_ms=60_000,
             )
             _topic(STEADY_TOPIC, f"{receiver}/steady", concurrency=concurrency)
-            with worker_process(
+            with timeout_worker_process(
                 prefix, (BURST_TOPIC, SLOW_TOPIC, STEADY_TOPIC), log_dir or str(settings.VAR_DIR)
             ):
                 # Isolation first, on a quiet database: after the burst, autovacuum of its

@@ -2,7 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from couponcenter.coupons.bench.progress import progress_bars, result_write
 from reminders.bench import end_to_end
-from reminders.models import MAX_PRESTAGE_MS
+from reminders.models.reminder_settings import MAX_PRESTAGE_MS
 
 
 class Command(BaseCommand):

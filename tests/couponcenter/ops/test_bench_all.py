@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from couponcenter.ops import bench_all
+from couponcenter.ops.bench import report
 
 RUN = {
     "reminders": {"count": 200_000, "end_to_end_s": 8.0, "dispatch_per_s": 600_000,
@@ -28,7 +28,7 @@ RUN = {
 
 
 def test_every_performance_target_reads_as_a_ratio_of_the_run():
-    ratios = bench_all.ratios(RUN)
+    ratios = report.ratios(RUN)
     assert ratios == {
         "reminders_end_to_end_of_raw_inbox": 0.625,  # 25,000/s of 40,000/s
         "reminders_dispatch_of_raw_lua": 0.4,
@@ -37,11 +37,11 @@ def test_every_performance_target_reads_as_a_ratio_of_the_run():
         "claim_rate_10m_of_1m": 0.889,
         "timeouts_http_of_raw_receiver": 0.8,
     }
-    assert set(ratios) == set(bench_all.RATIO_TARGETS)
+    assert set(ratios) == set(report.RATIO_TARGETS)
 
 
 def test_the_absolute_targets_sit_beside_the_ratios():
-    glance = bench_all.at_a_glance(RUN)
+    glance = report.at_a_glance(RUN)
     assert (glance["burst_p99_ms"], glance["steady_5k_p99_ms"], glance["steady_5k_p999_ms"]) == (
         0.0, 3.0, 9.0
     )  # fmt: skip
@@ -51,13 +51,13 @@ def test_the_absolute_targets_sit_beside_the_ratios():
 
 
 def test_a_part_that_did_not_run_has_no_ratio():
-    ratios = bench_all.ratios({"expiry": RUN["expiry"]})
+    ratios = report.ratios({"expiry": RUN["expiry"]})
     assert ratios["expiry_of_raw_sql"] == 0.9
     assert ratios["reminders_dispatch_of_raw_lua"] is None
     assert ratios["claim_rate_10m_of_1m"] is None
 
 
 def test_the_table_has_both_backlog_claim_paths():
-    names = [row.name for row in bench_all.figures(RUN)]
+    names = [row.name for row in report.figures(RUN)]
     assert any("claim + settle in parcels" in name for name in names)
     assert any("claim + ack entry by entry" in name for name in names)

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from couponcenter.coupons.bench.progress import progress_bars
-from couponcenter.ops import bench_all
+from couponcenter.ops.bench import report, suite
 
 PARTS = ("expiry", "timeouts", "raw_inbox", "reminders", "claims", "backlog")
 
@@ -36,7 +36,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, count: int, expiry_count: int, claims_seconds: float, **options):
         if options["report"]:
-            self.stdout.write(bench_all.markdown_spread(_load(options["report"])))
+            self.stdout.write(report.markdown_spread(_load(options["report"])))
             return
         if not 1_000 <= count <= 5_000_000 or not 10_000 <= expiry_count <= 100_000_000:
             raise CommandError("--count must be 1,000..5,000,000, --expiry-count 10,000..1e8")
@@ -48,7 +48,7 @@ class Command(BaseCommand):
         if not settings.DEBUG:
             raise CommandError("bench_all loads and deletes data: run it with DEBUG=1")
         with progress_bars(self.stderr._out) as progress:
-            result = bench_all.run(
+            result = suite.run(
                 count=count,
                 expiry_count=expiry_count,
                 claims_seconds=claims_seconds,
@@ -60,7 +60,7 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps(result, default=str))
             return
-        self.stdout.write(bench_all.markdown(result))
+        self.stdout.write(report.markdown(result))
         self.stdout.write(f"written: {result['json_path']}\n         {result['markdown_path']}")
 
 

@@ -1,51 +1,17 @@
-"""The whole benchmark suite in one sitting (``manage.py bench_all``, ``make bench``).
+"""``bench_all``'s report: one run's results (``suite.run``) read as a table of figures, each
+beside its raw limit from the same run, and as the ratios docs/performance.md sets its targets in.
 
-Machines of the same kind differ 2-3x from run to run, so every figure is printed beside the raw
-limit of the same work measured in the same run, and the targets are ratios (docs/performance.md):
-
-- dispatch rate / the bare Lua pop-and-ack loop;
-- reminders end to end (200,000 in the inbox) / a bare SQL loop doing the same inbox writes;
-- the burst's p99 lateness with pre-staging, beside the same burst without it;
-- a steady 5,000 reminders/s: p99 and p99.9 lateness;
-- expiry / the bare SQL expiry loop;
-- claims over HTTP / the same gunicorn answering ``/healthz/live/``;
-- cost as the backlog grows: Redis bytes per pending reminder and the claim rate at 1M and 10M;
-- the timeout center: 200,000 http jobs due in one second / a plain client on the same
-  receiver, a fast topic's p99 while a slow one is saturated, bulk create and cancel by key;
-- the peers (BullMQ, Celery ETA) on the same Redis and workload, when asked for.
-
-It writes one JSON file and one Markdown table under ``var/bench/`` and returns the JSON.
+Machines of the same kind differ 2-3x from run to run, so a figure alone says little: the targets
+are ratios of one run (``RATIO_TARGETS``), and the few absolute ones sit beside them
+(``at_a_glance``). ``markdown`` prints one run's table, ``markdown_spread`` one table over several
+runs (``bench_all --report``). Everything here reads a result dict and nothing else, so the report
+of an earlier run's JSON is the same as the run's own.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
-
-import psutil
-from django.conf import settings
-from django.db import connection
-
-from couponcenter.core.redis import get_redis
-from couponcenter.coupons.bench import http as bench_http
-from couponcenter.coupons.bench.progress import Progress
-from expiry import services as expiry_services
-from expiry.bench import sweep as bench_expiry
-from reminders.bench import backlog as bench_backlog
-from reminders.bench import end_to_end as bench_reminders
-from reminders.bench import peers as bench_peers
-from reminders.bench import timeouts as bench_timeouts
-from reminders.bench.raw_inbox import bench_raw_inbox
-from reminders.selectors import reminder_settings_get
-
-STEADY_RATE = 5000
 
 
 @dataclass
@@ -60,30 +26,6 @@ class Figure:
     ratio: float | None = None
     target: str = ""
     met: bool | None = None
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT version()" if connection.vendor == "postgresql" else "SELECT 1")
-        database = cursor.fetchone()[0] if connection.vendor == "postgresql" else connection.vendor
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "system": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "database": str(database).split(",")[0],
-        "redis": get_redis().info("server").get("redis_version"),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
 
 
 def _ratio(value: float | None, raw: float | None) -> float | None:
@@ -443,82 +385,3 @@ def markdown_spread(results: list[dict[str, Any]]) -> str:
         met = "" if not verdicts else f"{sum(verdicts)} of {len(verdicts)}"
         lines.append(f"| {name} | {value} | {raw} | {ratio} | {first['target']} | {met} |")
     return "\n".join(lines) + "\n"
-
-
-def run(
-    *,
-    count: int = 200_000,
-    expiry_count: int = 1_000_000,
-    claims_seconds: float = 20,
-    peers: bool = True,
-    parts: tuple[str, ...] = ("expiry", "timeouts", "raw_inbox", "reminders", "claims", "backlog"),
-    progress: Progress | None = None,
-    out_dir: Path | None = None,
-    say: Callable[[str], None] = lambda message: None,
-) -> dict[str, Any]:
-    started = time.time()
-    result: dict[str, Any] = {
-        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine(),
-    }
-    live = reminder_settings_get(max_age_s=0)
-    # The parts that fork worker processes run first: a process forked after Celery's broker
-    # connections were used (the reminders part pings its workers) can hang in kombu's
-    # after-fork cleanup.
-    if "expiry" in parts:
-        say(
-            f"expiry: {expiry_count:,} coupons, 2 sweepers, beside the bare SQL loop "
-            f"(an untimed warm-up, then two rounds each, taking turns)"
-        )
-        result["expiry"] = bench_expiry.run_bench(
-            count=expiry_count,
-            workers=2,
-            batch_size=expiry_services.DEFAULT_BATCH_SIZE,
-            progress=False,
-            rounds=2,
-        ).as_dict()
-    if "timeouts" in parts:
-        say(f"timeouts: a {count:,} http burst beside a plain client, isolation, bulk, cancel")
-        result["timeouts"] = bench_timeouts.run(count=count, progress=progress)
-    if "raw_inbox" in parts:
-        say("raw limit: the bare SQL inbox-write loop")
-        result["raw_inbox"] = bench_raw_inbox(
-            count, bench_reminders.BENCH_USER_BASE, batch_size=live.batch_size, progress=progress
-        )
-    if "reminders" in parts:
-        say(f"reminders: a {count:,} burst with and without pre-staging, steady {STEADY_RATE}/s")
-        result["reminders"] = bench_reminders.run(
-            count=count, steady_rate=STEADY_RATE, steady_seconds=10, progress=progress
-        )
-    if "claims" in parts:
-        say(f"claims over HTTP: {claims_seconds:.0f} s, beside /healthz/live/")
-        result["claims"] = bench_http.run(seconds=claims_seconds, progress=say)
-    if "backlog" in parts:
-        say("cost as the backlog grows: 1M and 10M pending reminders in Redis")
-        result["backlog"] = bench_backlog.run(
-            sizes=[1_000_000, 10_000_000], rebuild=True, progress=progress
-        )
-    if peers:
-        say("peers: BullMQ and Celery ETA on the same Redis")
-        result["peers"] = bench_peers.run(
-            count=count,
-            rates=[2000, STEADY_RATE],
-            seconds=10,
-            peers=["bullmq", "celery"],
-            progress=progress,
-        )
-    result["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    result["seconds"] = round(time.time() - started, 1)
-    result["figures"] = [asdict(row) for row in figures(result)]
-    result["ratios"] = ratios(result)
-    result["targets"] = RATIO_TARGETS
-    result.update(at_a_glance(result))
-    result.setdefault("peers", {"skipped": "not asked for (--no-peers)"})
-    folder = out_dir or Path(settings.VAR_DIR) / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    result["json_path"] = str(folder / f"bench-{stamp}.json")
-    result["markdown_path"] = str(folder / f"bench-{stamp}.md")
-    Path(result["json_path"]).write_text(json.dumps(result, indent=2, default=str))
-    Path(result["markdown_path"]).write_text(markdown(result))
-    return result

@@ -27,6 +27,9 @@ held when the executor closes.
 
 ``inline=True`` (the ``--once`` drain and the tests) fires and settles in the caller's thread,
 through the same code, and holds nothing.
+
+One module for one class: the pool, the holding timer and the settler share one lock and one
+count of what is in flight, and each reads the others' state under it.
 """
 
 from __future__ import annotations

@@ -32,10 +32,11 @@ from celery import current_app
 from django.conf import settings
 
 from couponcenter.core.redis import get_redis
+from couponcenter.coupons.bench.http import stop
 from couponcenter.coupons.bench.lateness import lateness_summary
 from reminders.bench.end_to_end import Progress
 from reminders.bench.peer_tasks import record_lateness
-from reminders.bench.processes import CELERY_CONCURRENCY, stop
+from reminders.bench.processes import CELERY_CONCURRENCY
 from reminders.engine.clock import epoch_ms
 
 BULLMQ_VERSION = "5"

@@ -1,15 +1,14 @@
 """The processes a reminders benchmark runs beside itself, started as subprocesses and stopped
 afterwards: a reminder worker and a Celery worker on the benchmark's own key prefix and queue
 (``bench_processes``); for ``bench_timeouts``, a reminder worker on the bench's timeout topics
-(``timeout_worker_process``) and the local receiver its http jobs call (``receiver_process``);
-and the one way every benchmark stops a process it started (``stop``). The measuring stays in the
-benchmark modules.
+(``timeout_worker_process``) and the local receiver its http jobs call (``receiver_process``).
+Each is stopped the one way every benchmark stops what it started
+(``couponcenter.coupons.bench.http.stop``). The measuring stays in the benchmark modules.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,24 +17,12 @@ from contextlib import contextmanager
 from celery import current_app
 from django.conf import settings
 
-from couponcenter.coupons.bench.http import free_port
+from couponcenter.coupons.bench.http import free_port, stop
 from reminders.engine import leases
 
 # Pool processes of the one Celery worker: one per core of the benchmark machine.
 CELERY_CONCURRENCY = 2
 CELERY_NICE = 5
-
-
-def stop(*procs: subprocess.Popen, timeout: float = 30) -> None:
-    """SIGTERM to each process, then a wait of up to ``timeout`` seconds for each, and a kill for
-    one that is still running: a worker drains what it holds before it exits."""
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @contextmanager

@@ -180,14 +180,23 @@ class Gunicorn:
             return []
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
         self.log.close()
+
+
+def stop(*procs: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM to each process still running, then a wait of up to ``timeout`` seconds for each,
+    and a kill (reaped) for one that is still running: a server or worker drains what it holds
+    before it exits."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
+        proc.send_signal(signal.SIGTERM)
+    for proc in running:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class CpuMeter:

@@ -293,6 +293,12 @@ COUPON_STOCK_SHARDS = int(os.environ.get("COUPON_STOCK_SHARDS", "16"))
 # Coupon.claimed_count is folded from the shards by the last claim of a coupon running in a
 # process, and at least this often while claims keep running (couponcenter.coupons.stock).
 COUPON_FOLD_INTERVAL_MS = float(os.environ.get("COUPON_FOLD_INTERVAL_MS", "100"))
+# Claims of one coupon in one process are committed together, one statement per group
+# (couponcenter.coupons.claim_groups): the first claim waits this long for others to join, but only
+# while other claims run in its process (a sync worker, one request at a time, never waits)...
+CLAIM_GROUP_WAIT_MS = float(os.environ.get("CLAIM_GROUP_WAIT_MS", "2"))
+# ...or until this many have joined (1: every claim commits alone).
+CLAIM_GROUP_MAX = _env_int("CLAIM_GROUP_MAX", 64, 1, 1000)
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Coupon Center API",

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F, Sum
+from django.db.models import F
 from django.utils import timezone
 
 from couponcenter.core.db import prepared
@@ -168,24 +168,30 @@ def coupon_claim(*, coupon_id: int, user_id: int, now: datetime | None = None) -
 
     Raises ``Coupon.DoesNotExist`` for an unknown coupon.
     """
-    now = now or timezone.now()
+    # Most claims are a user's first, so seq 1 is tried without reading the user's claims.
+    return claim_one(coupon_id=coupon_id, user_id=user_id, seq=1, now=now or timezone.now())
+
+
+def claim_one(*, coupon_id: int, user_id: int, seq: int | None, now: datetime) -> UserCoupon:
+    """One claim in statements of its own, trying ``seq`` first (None: the user's lowest free
+    seq, read first); raises as ``coupon_claim``."""
     if connection.vendor != "postgresql":
-        return _claim(coupon_id=coupon_id, user_id=user_id, now=now)
+        return _claim(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
     if connection.in_atomic_block:
-        user_coupon = _claim(coupon_id=coupon_id, user_id=user_id, now=now)
+        user_coupon = _claim(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
         stock.coupon_claimed_count_fold(coupon_id=coupon_id)
         return user_coupon
     with stock.claimed_count_folding(coupon_id=coupon_id) as outcome:
-        user_coupon = _claim(coupon_id=coupon_id, user_id=user_id, now=now)
+        user_coupon = _claim(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
         outcome.committed = True
     return user_coupon
 
 
-def _claim(*, coupon_id: int, user_id: int, now: datetime) -> UserCoupon:
-    # Most claims are a user's first, so seq 1 is tried without reading the user's claims. An
-    # IntegrityError means that seq is taken (by an earlier or a concurrent claim): the next try
-    # reads the user's claims, and after per_user_limit of them the claim is refused.
-    seq = 1
+def _claim(*, coupon_id: int, user_id: int, seq: int | None, now: datetime) -> UserCoupon:
+    # An IntegrityError means the seq is taken (by an earlier or a concurrent claim): the next
+    # try reads the user's claims, and after per_user_limit of them the claim is refused.
+    if seq is None:
+        seq = _free_seq(coupon_id=coupon_id, user_id=user_id)
     for _ in range(MAX_PER_USER_LIMIT):
         try:
             return _claim_once(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
@@ -284,23 +290,40 @@ def _claim_once_one_statement(
         refusal = _window_refusal(coupon=coupon, now=now)
         if refusal:
             raise _refused(refusal, coupon)
-        left = CouponStockShard.objects.filter(coupon_id=coupon_id).aggregate(
-            n=Count("id"), left=Sum(F("stock") - F("claimed"))
-        )
-        if not left["n"]:
-            stock.stock_shards_ensure(coupon_id=coupon_id)
-        elif not left["left"]:
+        if not stock.stock_left(coupon_id=coupon_id):
             raise _refused("sold_out")
         row = _claim_statement(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now, wait=True)
     if row is None:
         raise _refused("sold_out")
+    return _claimed(
+        coupon_id=coupon_id,
+        coupon_name=row[2],
+        user_id=user_id,
+        seq=seq,
+        now=now,
+        pk=row[0],
+        expires_at=row[1],
+    )
+
+
+def _claimed(
+    *,
+    coupon_id: int,
+    coupon_name: str,
+    user_id: int,
+    seq: int,
+    now: datetime,
+    pk: int,
+    expires_at: datetime,
+) -> UserCoupon:
+    """The user coupon a claim statement inserted, built from what the statement returned."""
     user_coupon = UserCoupon(
-        id=row[0], coupon_id=coupon_id, user_id=user_id, seq=seq, claimed_at=now, expires_at=row[1]
+        id=pk, coupon_id=coupon_id, user_id=user_id, seq=seq, claimed_at=now, expires_at=expires_at
     )
     user_coupon._state.adding = False
     user_coupon._state.db = connection.alias
     # The coupon as far as the statement read it: its other fields load on first access.
-    user_coupon.coupon = Coupon.from_db(connection.alias, ["id", "name"], [coupon_id, row[2]])
+    user_coupon.coupon = Coupon.from_db(connection.alias, ["id", "name"], [coupon_id, coupon_name])
     return user_coupon
 
 
@@ -331,17 +354,9 @@ def _claim_statement(
 def _claim_prepared(wait: bool) -> prepared.Prepared:
     """The claim statement, prepared on each connection that runs it (see
     ``couponcenter.core.db.prepared``: its planning cost more than running it)."""
-    quote = connection.ops.quote_name
-    sql = _CLAIM_SQL.format(
-        coupon=quote(Coupon._meta.db_table),
-        shard=quote(CouponStockShard._meta.db_table),
-        user_coupon=quote(UserCoupon._meta.db_table),
-        task=quote(ExpiryTask._meta.db_table),
-        skip_locked="" if wait else "SKIP LOCKED",
-    )
     return prepared.Prepared(
         "cc_claim_wait" if wait else "cc_claim",
-        sql,
+        _claim_sql(_CLAIM_SQL, wait=wait),
         (
             ("coupon_id", "bigint"),
             ("user_id", "bigint"),
@@ -352,6 +367,18 @@ def _claim_prepared(wait: bool) -> prepared.Prepared:
             ("unused", "text"),
             ("pending", "text"),
         ),
+    )
+
+
+def _claim_sql(template: str, *, wait: bool) -> str:
+    """A claim statement's text: its tables, and whether it waits for a busy shard."""
+    quote = connection.ops.quote_name
+    return template.format(
+        coupon=quote(Coupon._meta.db_table),
+        shard=quote(CouponStockShard._meta.db_table),
+        user_coupon=quote(UserCoupon._meta.db_table),
+        task=quote(ExpiryTask._meta.db_table),
+        skip_locked="" if wait else "SKIP LOCKED",
     )
 
 

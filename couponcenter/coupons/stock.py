@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from django.conf import settings
 from django.db import Error as DbError
 from django.db import connection, transaction
-from django.db.models import OuterRef, Subquery, Sum
+from django.db.models import Count, F, OuterRef, Subquery, Sum
 
 from couponcenter.core.db import prepared
 
@@ -76,6 +76,18 @@ def stock_shards_ensure(*, coupon_id: int) -> None:
             )
             if coupon.status == Coupon.Status.CANCELLED:
                 stock_close(shards=shards)
+
+
+def stock_left(*, coupon_id: int) -> int:
+    """The units left over the coupon's shards, as committed now (a coupon without shards is
+    sharded first)."""
+    left = CouponStockShard.objects.filter(coupon_id=coupon_id).aggregate(
+        n=Count("id"), left=Sum(F("stock") - F("claimed"))
+    )
+    if not left["n"]:
+        stock_shards_ensure(coupon_id=coupon_id)
+        return stock_left(coupon_id=coupon_id)
+    return left["left"] or 0
 
 
 def stock_lock(*, coupon: Coupon) -> list[CouponStockShard]:

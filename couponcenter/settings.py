@@ -293,6 +293,10 @@ COUPON_STOCK_SHARDS = int(os.environ.get("COUPON_STOCK_SHARDS", "16"))
 # Coupon.claimed_count is folded from the shards by the last claim of a coupon running in a
 # process, and at least this often while claims keep running (couponcenter.coupons.stock).
 COUPON_FOLD_INTERVAL_MS = float(os.environ.get("COUPON_FOLD_INTERVAL_MS", "100"))
+# A claim's answer (201 or 409) is kept in Redis this long under its Idempotency-Key, and a retry
+# with the key gets it again (couponcenter/coupons/api/idempotency.py). Past it, a retry of a
+# claim that succeeded still gets its 201 from the key stored on the user coupon.
+CLAIM_IDEMPOTENCY_TTL_S = _env_int("CLAIM_IDEMPOTENCY_TTL_S", 24 * 3600, 1, 30 * 24 * 3600)
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Coupon Center API",

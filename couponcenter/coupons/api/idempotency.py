@@ -138,8 +138,8 @@ def _keep(record_key: str, *, coupon_id: int, response: Response) -> None:
 
 
 def _forget(record_key: str, *, token: str) -> None:
-    client = get_redis()
     try:
+        client = get_redis()
         client.register_script(_RELEASE)(keys=[record_key], args=[token], client=client)
     except redis.RedisError:
         # The reservation expires by itself after _IN_FLIGHT_S.

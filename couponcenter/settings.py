@@ -299,6 +299,10 @@ COUPON_FOLD_INTERVAL_MS = float(os.environ.get("COUPON_FOLD_INTERVAL_MS", "100")
 CLAIM_GROUP_WAIT_MS = float(os.environ.get("CLAIM_GROUP_WAIT_MS", "2"))
 # ...or until this many have joined (1: every claim commits alone).
 CLAIM_GROUP_MAX = _env_int("CLAIM_GROUP_MAX", 64, 1, 1000)
+# A claim's answer (201 or 409) is kept in Redis this long under its Idempotency-Key, and a retry
+# with the key gets it again (couponcenter/coupons/api/idempotency.py). Past it, a retry of a
+# claim that succeeded still gets its 201 from the key stored on the user coupon.
+CLAIM_IDEMPOTENCY_TTL_S = _env_int("CLAIM_IDEMPOTENCY_TTL_S", 24 * 3600, 1, 30 * 24 * 3600)
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Coupon Center API",

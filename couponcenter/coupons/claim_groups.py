@@ -61,6 +61,7 @@ class Claim:
     user_id: int
     seq: int
     now: datetime
+    idempotency_key: str | None
     outcome: UserCoupon | BaseException | SeqTaken | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -84,20 +85,39 @@ _running = 0
 claims_per_statement: Counter[int] = Counter()
 
 
-def claim_grouped(*, coupon_id: int, user_id: int, seq: int, now: datetime) -> UserCoupon:
+def claim_grouped(
+    *,
+    coupon_id: int,
+    user_id: int,
+    seq: int,
+    now: datetime,
+    idempotency_key: str | None = None,
+) -> UserCoupon:
     """Claim ``coupon_id`` for ``user_id`` as its claim number ``seq``, committed with the claims
     of the coupon running beside it; raises ``ClaimRefused`` (``rules``) like
     ``services.coupon_claim``, ``Coupon.DoesNotExist`` for an unknown coupon, and the database's
     error when the group's statement fails."""
     if connection.vendor != "postgresql" or connection.in_atomic_block:
-        return services.claim_one(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
-    claim = Claim(user_id=user_id, seq=seq, now=now)
+        return services.claim_one(
+            coupon_id=coupon_id,
+            user_id=user_id,
+            seq=seq,
+            now=now,
+            idempotency_key=idempotency_key,
+        )
+    claim = Claim(user_id=user_id, seq=seq, now=now, idempotency_key=idempotency_key)
     with stock.claimed_count_folding(coupon_id=coupon_id) as folding:
         _run_in_group(coupon_id=coupon_id, claim=claim)
         folding.committed = isinstance(claim.outcome, UserCoupon)
     outcome = claim.outcome
     if outcome is SEQ_TAKEN:
-        return services.claim_one(coupon_id=coupon_id, user_id=user_id, seq=None, now=now)
+        return services.claim_one(
+            coupon_id=coupon_id,
+            user_id=user_id,
+            seq=None,
+            now=now,
+            idempotency_key=idempotency_key,
+        )
     if isinstance(outcome, BaseException):
         raise outcome
     return outcome
@@ -215,6 +235,7 @@ def _settle_round(
                     now=claim.now,
                     pk=pk,
                     expires_at=expires_at,
+                    idempotency_key=claim.idempotency_key,
                 )
             )
         elif not claimable:
@@ -251,15 +272,16 @@ def _refuse(*, coupon_id: int, claims: list[Claim]) -> list[Claim]:
 # checked against the coupon's window at its own moment and against the user's claims; ONE shard
 # with stock left is locked, and the rows that fit its free units are inserted (in key order, so
 # two groups with rows in common never wait on each other in a cycle), the shard raised by exactly
-# the number inserted, and their expiry tasks written. A row whose seq another claim committed
-# meanwhile is skipped (ON CONFLICT DO NOTHING), not an error for the whole group. The answer has
-# one row per requested row, by its ordinal.
+# the number inserted, and their expiry tasks written. A row whose seq (or idempotency key) another
+# claim committed meanwhile is skipped (ON CONFLICT DO NOTHING), not an error for the whole group:
+# it then runs alone, which finds the user's free seq or the user coupon with its key. The answer
+# has one row per requested row, by its ordinal.
 _GROUP_SQL = """
 WITH coupon AS (
     SELECT id, name, claim_opens_at, claim_closes_at, expires_at, valid_for, per_user_limit
     FROM {coupon} WHERE id = %(coupon_id)s AND status = %(active)s
 ), request AS (
-    SELECT r.ordinal, r.user_id, r.seq, r.at,
+    SELECT r.ordinal, r.user_id, r.seq, r.at, r.idempotency_key,
         COALESCE(c.expires_at, r.at + c.valid_for) AS expires_at,
         COALESCE(c.claim_opens_at <= r.at
             AND (c.claim_closes_at IS NULL OR c.claim_closes_at > r.at)
@@ -268,8 +290,9 @@ WITH coupon AS (
             SELECT 1 FROM {user_coupon} u
             WHERE u.coupon_id = c.id AND u.user_id = r.user_id AND u.seq = r.seq
         ) AS seq_free
-    FROM unnest(%(user_ids)s::bigint[], %(seqs)s::integer[], %(ats)s::timestamptz[])
-        WITH ORDINALITY AS r(user_id, seq, at, ordinal)
+    FROM unnest(
+        %(user_ids)s::bigint[], %(seqs)s::integer[], %(ats)s::timestamptz[], %(keys)s::text[]
+    ) WITH ORDINALITY AS r(user_id, seq, at, idempotency_key, ordinal)
     LEFT JOIN coupon c ON true
 ), ready AS (
     SELECT *, row_number() OVER (ORDER BY ordinal) AS n FROM request WHERE claimable AND seq_free
@@ -281,10 +304,11 @@ WITH coupon AS (
 ), chosen AS (
     SELECT ready.* FROM ready, pick WHERE ready.n <= pick.free
 ), claimed AS (
-    INSERT INTO {user_coupon} (coupon_id, user_id, seq, status, claimed_at, expires_at)
-    SELECT %(coupon_id)s, user_id, seq, %(unused)s, at, expires_at FROM chosen
+    INSERT INTO {user_coupon}
+        (coupon_id, user_id, seq, status, claimed_at, expires_at, idempotency_key)
+    SELECT %(coupon_id)s, user_id, seq, %(unused)s, at, expires_at, idempotency_key FROM chosen
     ORDER BY user_id, seq
-    ON CONFLICT (coupon_id, user_id, seq) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING id, user_id, seq, claimed_at, expires_at
 ), taken AS (
     UPDATE {shard} s SET claimed = s.claimed + (SELECT count(*) FROM claimed)
@@ -308,6 +332,7 @@ def _statement(*, coupon_id: int, claims: list[Claim], wait: bool) -> list[tuple
         "user_ids": [claim.user_id for claim in claims],
         "seqs": [claim.seq for claim in claims],
         "ats": [claim.now for claim in claims],
+        "keys": [claim.idempotency_key for claim in claims],
         "start": 0 if wait else random.randrange(stock.shard_count()),
         "active": Coupon.Status.ACTIVE,
         "unused": UserCoupon.Status.UNUSED,
@@ -330,6 +355,7 @@ def _group_prepared(wait: bool) -> prepared.Prepared:
             ("user_ids", "bigint[]"),
             ("seqs", "integer[]"),
             ("ats", "timestamptz[]"),
+            ("keys", "text[]"),
             ("start", "integer"),
             ("active", "text"),
             ("unused", "text"),

@@ -22,6 +22,10 @@ MAX_TOTAL_STOCK = 2_000_000_000
 MAX_PER_USER_LIMIT = 1000
 MAX_VALID_FOR = timedelta(days=3660)
 MAX_REMINDER_LEAD = timedelta(days=7)
+# A client's Idempotency-Key: 1 to this many printable ASCII characters. The column stores it
+# behind the API caller's account id and a colon, so it needs room for that (a BIGINT's digits).
+IDEMPOTENCY_KEY_MAX_LENGTH = 255
+IDEMPOTENCY_KEY_COLUMN_LENGTH = 19 + 1 + IDEMPOTENCY_KEY_MAX_LENGTH
 
 
 class Coupon(models.Model):
@@ -141,12 +145,25 @@ class UserCoupon(models.Model):
     claimed_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     used_at = models.DateTimeField(null=True, blank=True)
+    # The Idempotency-Key the claim was sent with, as "<caller's account id>:<key>" (so one
+    # caller's key never answers for another's); NULL without one. A retried claim whose first
+    # answer Redis no longer holds finds its user coupon here (couponcenter/coupons/api/claims.py).
+    idempotency_key = models.CharField(
+        max_length=IDEMPOTENCY_KEY_COLUMN_LENGTH, null=True, blank=True, editable=False
+    )
 
     class Meta:
         ordering = ["-claimed_at", "-id"]
         constraints = [
             models.UniqueConstraint(
                 fields=["coupon", "user_id", "seq"], name="usercoupon_one_per_seq"
+            ),
+            # Partial: claims without a key (most) add no index entry. A retry that lost its
+            # Redis record cannot claim a second time with the same key.
+            models.UniqueConstraint(
+                fields=["coupon", "user_id", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="usercoupon_one_per_idempotency_key",
             ),
             models.CheckConstraint(
                 condition=~Q(status="used") | Q(used_at__isnull=False),

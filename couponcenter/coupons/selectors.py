@@ -63,3 +63,14 @@ def coupon_claim_status_counts(*, coupon_id: int) -> dict[str, int]:
         .values_list("status", "n")
     )
     return {status: counts.get(status, 0) for status in statuses}
+
+
+def user_coupon_with_idempotency_key(
+    *, coupon_id: int, user_id: int, idempotency_key: str
+) -> UserCoupon | None:
+    """The user's coupon claimed with ``idempotency_key`` (unique per coupon and user), if any."""
+    return (
+        UserCoupon.objects.select_related("coupon")
+        .filter(coupon_id=coupon_id, user_id=user_id, idempotency_key=idempotency_key)
+        .first()
+    )

@@ -32,7 +32,7 @@ from couponcenter.core.db import prepared
 # statement writes the claim's ExpiryTask in the same transaction.
 from expiry.models import ExpiryTask
 
-from . import rules, signals, stock
+from . import rules, selectors, signals, stock
 from .models import MAX_PER_USER_LIMIT, Coupon, CouponStockShard, UserCoupon
 from .rules import ClaimRefused, CouponStateError, RedeemRefused
 
@@ -163,50 +163,105 @@ def _refused(code: str, coupon: Coupon | None = None) -> ClaimRefused:
     return ClaimRefused(code, messages.get(code, ""))
 
 
-def coupon_claim(*, coupon_id: int, user_id: int, now: datetime | None = None) -> UserCoupon:
+def coupon_claim(
+    *,
+    coupon_id: int,
+    user_id: int,
+    now: datetime | None = None,
+    idempotency_key: str | None = None,
+) -> UserCoupon:
     """Claim one coupon for ``user_id``; raises ``ClaimRefused`` with a reason code.
+
+    ``idempotency_key``: stored on the user coupon, unique per (coupon, user). A claim whose key
+    is already on one of the user's coupons claims nothing and returns that one (its
+    ``claimed_at`` is then earlier than ``now``).
 
     Raises ``Coupon.DoesNotExist`` for an unknown coupon.
     """
     # Most claims are a user's first, so seq 1 is tried without reading the user's claims.
-    return claim_one(coupon_id=coupon_id, user_id=user_id, seq=1, now=now or timezone.now())
+    return claim_one(
+        coupon_id=coupon_id,
+        user_id=user_id,
+        seq=1,
+        now=now or timezone.now(),
+        idempotency_key=idempotency_key,
+    )
 
 
-def claim_one(*, coupon_id: int, user_id: int, seq: int | None, now: datetime) -> UserCoupon:
+def claim_one(
+    *,
+    coupon_id: int,
+    user_id: int,
+    seq: int | None,
+    now: datetime,
+    idempotency_key: str | None = None,
+) -> UserCoupon:
     """One claim in statements of its own, trying ``seq`` first (None: the user's lowest free
     seq, read first); raises as ``coupon_claim``."""
+    claim = functools.partial(
+        _claim,
+        coupon_id=coupon_id,
+        user_id=user_id,
+        seq=seq,
+        now=now,
+        idempotency_key=idempotency_key,
+    )
     if connection.vendor != "postgresql":
-        return _claim(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
+        return claim()
     if connection.in_atomic_block:
-        user_coupon = _claim(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
+        user_coupon = claim()
         stock.coupon_claimed_count_fold(coupon_id=coupon_id)
         return user_coupon
     with stock.claimed_count_folding(coupon_id=coupon_id) as outcome:
-        user_coupon = _claim(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
+        user_coupon = claim()
         outcome.committed = True
     return user_coupon
 
 
-def _claim(*, coupon_id: int, user_id: int, seq: int | None, now: datetime) -> UserCoupon:
-    # An IntegrityError means the seq is taken (by an earlier or a concurrent claim): the next
-    # try reads the user's claims, and after per_user_limit of them the claim is refused.
+def _claim(
+    *,
+    coupon_id: int,
+    user_id: int,
+    seq: int | None,
+    now: datetime,
+    idempotency_key: str | None = None,
+) -> UserCoupon:
+    # An IntegrityError means that seq is taken (by an earlier or a concurrent claim), or that
+    # the key is: the next try reads the user's claims, and after per_user_limit of them the
+    # claim is refused.
+    claim_once = functools.partial(
+        _claim_once, coupon_id=coupon_id, user_id=user_id, now=now, idempotency_key=idempotency_key
+    )
     if seq is None:
         seq = _free_seq(coupon_id=coupon_id, user_id=user_id)
     for _ in range(MAX_PER_USER_LIMIT):
         try:
-            return _claim_once(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
+            return claim_once(seq=seq)
         except IntegrityError:
+            if idempotency_key is not None:
+                earlier = selectors.user_coupon_with_idempotency_key(
+                    coupon_id=coupon_id, user_id=user_id, idempotency_key=idempotency_key
+                )
+                if earlier is not None:
+                    return earlier
             seq = _free_seq(coupon_id=coupon_id, user_id=user_id)
-    return _claim_once(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
+    return claim_once(seq=seq)
 
 
-def _claim_once(*, coupon_id: int, user_id: int, seq: int, now: datetime) -> UserCoupon:
-    if connection.vendor == "postgresql":
-        return _claim_once_one_statement(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
-    return _claim_once_serialized(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now)
+def _claim_once(
+    *, coupon_id: int, user_id: int, seq: int, now: datetime, idempotency_key: str | None = None
+) -> UserCoupon:
+    claim_once = (
+        _claim_once_one_statement if connection.vendor == "postgresql" else _claim_once_serialized
+    )
+    return claim_once(
+        coupon_id=coupon_id, user_id=user_id, seq=seq, now=now, idempotency_key=idempotency_key
+    )
 
 
-def _claim_once_serialized(*, coupon_id: int, user_id: int, seq: int, now: datetime) -> UserCoupon:
+def _claim_once_serialized(
+    *, coupon_id: int, user_id: int, seq: int, now: datetime, idempotency_key: str | None = None
+) -> UserCoupon:
     """Other databases (SQLite): writers run one at a time anyway, so no row is hot, and
     ``claimed_count`` is folded in the claim's own transaction."""
     coupon = Coupon.objects.get(pk=coupon_id)
@@ -219,7 +274,12 @@ def _claim_once_serialized(*, coupon_id: int, user_id: int, seq: int, now: datet
     with transaction.atomic():
         expires_at = coupon.expires_at or now + coupon.valid_for
         user_coupon = UserCoupon.objects.create(
-            coupon=coupon, user_id=user_id, seq=seq, claimed_at=now, expires_at=expires_at
+            coupon=coupon,
+            user_id=user_id,
+            seq=seq,
+            claimed_at=now,
+            expires_at=expires_at,
+            idempotency_key=idempotency_key,
         )
         ExpiryTask.objects.create(user_coupon=user_coupon, expire_at=expires_at)
         shards = list(
@@ -260,8 +320,10 @@ WITH coupon AS (
     UPDATE {shard} s SET claimed = s.claimed + 1 FROM pick WHERE s.id = pick.id
     RETURNING s.id
 ), claimed AS (
-    INSERT INTO {user_coupon} (coupon_id, user_id, seq, status, claimed_at, expires_at)
-    SELECT coupon.id, %(user_id)s, %(seq)s, %(unused)s, %(now)s, coupon.expires_at
+    INSERT INTO {user_coupon}
+        (coupon_id, user_id, seq, status, claimed_at, expires_at, idempotency_key)
+    SELECT coupon.id, %(user_id)s, %(seq)s, %(unused)s, %(now)s, coupon.expires_at,
+        %(idempotency_key)s
     FROM coupon, taken
     RETURNING id, expires_at
 ), task AS (
@@ -278,9 +340,17 @@ _MAX_WAITS = 100
 
 
 def _claim_once_one_statement(
-    *, coupon_id: int, user_id: int, seq: int, now: datetime
+    *, coupon_id: int, user_id: int, seq: int, now: datetime, idempotency_key: str | None = None
 ) -> UserCoupon:
-    row = _claim_statement(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now, wait=False)
+    statement = functools.partial(
+        _claim_statement,
+        coupon_id=coupon_id,
+        user_id=user_id,
+        seq=seq,
+        now=now,
+        idempotency_key=idempotency_key,
+    )
+    row = statement(wait=False)
     for _ in range(_MAX_WAITS):
         if row is not None:
             break
@@ -292,7 +362,7 @@ def _claim_once_one_statement(
             raise _refused(refusal, coupon)
         if not stock.stock_left(coupon_id=coupon_id):
             raise _refused("sold_out")
-        row = _claim_statement(coupon_id=coupon_id, user_id=user_id, seq=seq, now=now, wait=True)
+        row = statement(wait=True)
     if row is None:
         raise _refused("sold_out")
     return _claimed(
@@ -303,6 +373,7 @@ def _claim_once_one_statement(
         now=now,
         pk=row[0],
         expires_at=row[1],
+        idempotency_key=idempotency_key,
     )
 
 
@@ -315,10 +386,17 @@ def _claimed(
     now: datetime,
     pk: int,
     expires_at: datetime,
+    idempotency_key: str | None = None,
 ) -> UserCoupon:
     """The user coupon a claim statement inserted, built from what the statement returned."""
     user_coupon = UserCoupon(
-        id=pk, coupon_id=coupon_id, user_id=user_id, seq=seq, claimed_at=now, expires_at=expires_at
+        id=pk,
+        coupon_id=coupon_id,
+        user_id=user_id,
+        seq=seq,
+        claimed_at=now,
+        expires_at=expires_at,
+        idempotency_key=idempotency_key,
     )
     user_coupon._state.adding = False
     user_coupon._state.db = connection.alias
@@ -328,13 +406,20 @@ def _claimed(
 
 
 def _claim_statement(
-    *, coupon_id: int, user_id: int, seq: int, now: datetime, wait: bool
+    *,
+    coupon_id: int,
+    user_id: int,
+    seq: int,
+    now: datetime,
+    idempotency_key: str | None = None,
+    wait: bool,
 ) -> tuple | None:
     params = {
         "coupon_id": coupon_id,
         "user_id": user_id,
         "seq": seq,
         "now": now,
+        "idempotency_key": idempotency_key,
         "start": 0 if wait else random.randrange(stock.shard_count()),
         "active": Coupon.Status.ACTIVE,
         "unused": UserCoupon.Status.UNUSED,
@@ -366,6 +451,7 @@ def _claim_prepared(wait: bool) -> prepared.Prepared:
             ("active", "text"),
             ("unused", "text"),
             ("pending", "text"),
+            ("idempotency_key", "text"),
         ),
     )
 

@@ -7,7 +7,11 @@ string) it authenticates, checks the permission, throttles and claims without DR
 machinery (request wrapper, content negotiation, serializers), which cost more CPU than the claim
 itself. Every other request, and every request the lean path would refuse before claiming, goes
 through DRF, so all error answers (400 / 401 / 403 / 404 / 405 / 415 / 429) are DRF's
-own; the lean path itself only answers 201, 404 (unknown coupon) and 409, built the same way.
+own; the lean path itself only answers 201, 404 (unknown coupon) and 409 (and with an
+``Idempotency-Key``, 422), built the same way.
+
+Both paths honour an ``Idempotency-Key`` header (``idempotency.py``): a retried claim gets its
+first answer again. A request without one makes no Redis call for it.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ import json
 from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
+from django.utils import timezone
 from django.utils.cache import patch_vary_headers
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers, status
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -33,9 +38,26 @@ from couponcenter.core.api.permissions import ActsForUser, can_act_for
 from couponcenter.core.api.schema import USER_COUPON_ID, USER_ID
 from couponcenter.core.api.throttling import BatchedFixedWindowScopedThrottle
 from couponcenter.coupons import selectors, services
-from couponcenter.coupons.models import Coupon, UserCoupon
+from couponcenter.coupons.api import idempotency
+from couponcenter.coupons.models import IDEMPOTENCY_KEY_MAX_LENGTH, Coupon, UserCoupon
+from couponcenter.coupons.rules import ClaimRefused
 
 CLAIM_REFUSALS = ["sold_out", "limit_reached", "not_open", "closed", "cancelled"]
+IDEMPOTENCY_KEY = OpenApiParameter(
+    idempotency.HEADER,
+    {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH,
+        "pattern": "^[ -~]+$",
+    },
+    OpenApiParameter.HEADER,
+    description="Makes a retry safe: a claim sent again with the same key (same caller and "
+    "user) is not claimed again; it gets the first answer (201 or 409) again, with "
+    "`Idempotent-Replayed: true` (kept 24 hours by default; a 201 is found again after that "
+    "too). The same key with another coupon is a 422. 1 to 255 printable ASCII characters; a "
+    "UUID is a good key.",
+)
 REDEEM_REFUSALS = ["expired", "already_used"]
 
 
@@ -84,13 +106,30 @@ def _no_constants(name: str) -> None:
     raise ValueError(name)  # NaN / Infinity: DRF's strict JSON parser refuses them too
 
 
-def _claim(*, coupon_id: int, user_id: int) -> Response:
-    """The claim itself, for both paths: 201 with the user coupon, or the refusal raised."""
+def _claim(*, coupon_id: int, user_id: int, idempotency_key: str | None) -> Response:
+    """The claim itself, for both paths: 201 with the user coupon, or the refusal raised.
+
+    ``idempotency_key`` (as the column stores it): the user coupon an earlier claim with it made
+    is answered again, whether the claim's insert ran into it or a ``limit_reached`` refusal
+    stands in front of it.
+    """
+    now = timezone.now()
     try:
-        user_coupon = services.coupon_claim(coupon_id=coupon_id, user_id=user_id)
+        user_coupon = services.coupon_claim(
+            coupon_id=coupon_id, user_id=user_id, now=now, idempotency_key=idempotency_key
+        )
     except Coupon.DoesNotExist:
         raise NotFound(f"No coupon with id {coupon_id}.") from None
-    return Response(user_coupon_data(user_coupon), status=status.HTTP_201_CREATED)
+    except ClaimRefused as refusal:
+        if idempotency_key is None or refusal.code != "limit_reached":
+            raise
+        user_coupon = selectors.user_coupon_with_idempotency_key(
+            coupon_id=coupon_id, user_id=user_id, idempotency_key=idempotency_key
+        )
+        if user_coupon is None:
+            raise
+    response = Response(user_coupon_data(user_coupon), status=status.HTTP_201_CREATED)
+    return idempotency.replayed(response) if user_coupon.claimed_at != now else response
 
 
 class UserCouponListApi(APIView):
@@ -146,6 +185,9 @@ class UserCouponListApi(APIView):
         coupon_id = data.get("coupon") if type(data) is dict else None
         if type(coupon_id) is not int or not 1 <= coupon_id <= _MAX_ID or authenticated is None:
             return None
+        key = meta.get(idempotency.META_NAME)
+        if key is not None and not idempotency.key_is_valid(key):
+            return None
         request.user = user = authenticated[0]
         if not user.is_active or not can_act_for(user, user_id):
             return None
@@ -155,13 +197,30 @@ class UserCouponListApi(APIView):
             wait = throttle.wait()
             request._claim_throttled_wait = -1 if wait is None else wait
             return None
-        try:
-            response = _claim(coupon_id=coupon_id, user_id=user_id)
-        except Exception as exc:  # noqa: BLE001 - answered by the API's handler, or re-raised
-            response = exception_handler(exc, {"view": self, "request": request})
-            if response is None:
-                raise
+        response = self._claim_answer(request, coupon_id=coupon_id, user_id=user_id, key=key)
         return self._lean_response(request, response)
+
+    def _claim_answer(
+        self, request: HttpRequest | Request, *, coupon_id: int, user_id: int, key: str | None
+    ) -> Response:
+        """The claim's answer, a refusal included; with a key, answered once per key."""
+        caller_id = request.user.pk
+        column_key = None if key is None else idempotency.column_value(caller_id=caller_id, key=key)
+
+        def claim() -> Response:
+            try:
+                return _claim(coupon_id=coupon_id, user_id=user_id, idempotency_key=column_key)
+            except Exception as exc:  # noqa: BLE001 - answered by the API's handler, or re-raised
+                response = exception_handler(exc, {"view": self, "request": request})
+                if response is None:
+                    raise
+                return response
+
+        if key is None:
+            return claim()
+        return idempotency.answer_once(
+            caller_id=caller_id, user_id=user_id, coupon_id=coupon_id, key=key, claim=claim
+        )
 
     def _lean_response(self, request: HttpRequest, response: Response) -> Response:
         """``response`` as DRF's ``finalize_response`` would have left it: rendered as JSON, with
@@ -200,24 +259,38 @@ class UserCouponListApi(APIView):
 
     @extend_schema(
         operation_id="users_coupons_claim",
-        parameters=[USER_ID],
+        parameters=[USER_ID, IDEMPOTENCY_KEY],
         request=ClaimInputSerializer,
         responses={
             201: UserCouponOutputSerializer,
             409: conflict_serializer(
                 "ClaimConflict",
-                CLAIM_REFUSALS,
+                [*CLAIM_REFUSALS, idempotency.IN_USE],
                 opens_at=serializers.DateTimeField(required=False, help_text="With `not_open`."),
                 closed_at=serializers.DateTimeField(required=False, help_text="With `closed`."),
             ),
+            422: OpenApiResponse(
+                conflict_serializer("ClaimKeyReused", [idempotency.REUSED]),
+                description="The `Idempotency-Key` was sent before with another coupon.",
+            ),
             **error_responses(400, 403, 404, 429),
         },
-        description="Claim a coupon for the user. 409 codes: " + ", ".join(CLAIM_REFUSALS) + ".",
+        description="Claim a coupon for the user. 409 codes: "
+        + ", ".join(CLAIM_REFUSALS)
+        + f"; `{idempotency.IN_USE}`: a claim with the same `Idempotency-Key` is still running "
+        "(retry after `Retry-After`). A replayed answer carries `Idempotent-Replayed: true`.",
     )
     def post(self, request: Request, user_id: int) -> Response:
         data = self.ClaimInputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        return _claim(coupon_id=data.validated_data["coupon"], user_id=user_id)
+        errors = {} if data.is_valid() else dict(data.errors)
+        key = request.META.get(idempotency.META_NAME)
+        if key is not None and not idempotency.key_is_valid(key):
+            errors[idempotency.HEADER] = [idempotency.KEY_ERROR]
+        if errors:
+            raise ValidationError(errors)
+        return self._claim_answer(
+            request, coupon_id=data.validated_data["coupon"], user_id=user_id, key=key
+        )
 
 
 class UserCouponRedeemApi(APIView):

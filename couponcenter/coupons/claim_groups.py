@@ -61,7 +61,7 @@ class Claim:
     user_id: int
     seq: int
     now: datetime
-    idempotency_key: str | None
+    idempotency_key: str | None = None
     outcome: UserCoupon | BaseException | SeqTaken | None = None
     done: threading.Event = field(default_factory=threading.Event)
 

@@ -380,7 +380,9 @@ LOGGING = {
 # Generic topics usable through /api/timeouts/ (``coupon.reminder`` is built in). Each is
 # {"type": "log" | "callable" | "celery" | "http", "slots": power of two, "max_attempts": n,
 #  "path": "module.function" (callable), "task": "celery.task.name" (celery),
-#  "url": "https://...", "secret": "..." (http)}. Override with TIMEOUT_TOPICS_JSON.
+#  "url": "https://...", "secret": "..." (http; "previous_secret": "..." while it is rotated,
+#  "legacy_signature": true for the older X-Coupon-Center-* headers)}. Override with
+#  TIMEOUT_TOPICS_JSON.
 TIMEOUT_TOPICS = {
     "timeout.default": {"type": "log", "slots": 8},
     "order.close": {"type": "celery", "task": "reminders.tasks.log_timeout_job", "slots": 8},

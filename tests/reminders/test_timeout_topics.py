@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -202,6 +202,18 @@ def test_a_new_secret_over_the_api_starts_a_rotation_and_legacy_headers_are_a_se
     assert spec.signing_secrets(timezone.now()) == (NEW_SECRET, SECRET)
     assert spec.signing_secrets(spec.previous_secret_until) == (NEW_SECRET,)  # the overlap ends
     assert not {"secret", "previous_secret"} & set(changed.json())  # never shown
+
+
+def test_a_settings_topic_rotates_until_its_previous_secret_is_removed(settings):
+    spec = {"type": "http", "url": "https://h.example.com/x", "secret": NEW_SECRET}
+    settings.TIMEOUT_TOPICS = {"t.rot": {**spec, "previous_secret": SECRET}}
+    far = timezone.now() + timedelta(days=3650)
+    assert timeout_topic_spec("t.rot").signing_secrets(far) == (NEW_SECRET, SECRET)
+    settings.TIMEOUT_TOPICS = {"t.rot": spec}
+    assert timeout_topic_spec("t.rot").signing_secrets(far) == (NEW_SECRET,)
+    settings.TIMEOUT_TOPICS = {"t.rot": {**spec, "previous_secret": "x" * 40}}
+    with pytest.raises(ImproperlyConfigured, match="previous_secret"):
+        timeout_topic_spec("t.rot")
 
 
 # --- the admin ------------------------------------------------------------------------------------

@@ -390,7 +390,9 @@ LOGGING = {
 # Generic topics usable through /api/timeouts/ (``coupon.reminder`` is built in). Each is
 # {"type": "log" | "callable" | "celery" | "http", "slots": power of two, "max_attempts": n,
 #  "path": "module.function" (callable), "task": "celery.task.name" (celery),
-#  "url": "https://...", "secret": "..." (http)}. Override with TIMEOUT_TOPICS_JSON.
+#  "url": "https://...", "secret": "..." (http; "previous_secret": "..." while it is rotated,
+#  "legacy_signature": true for the older X-Coupon-Center-* headers)}. Override with
+#  TIMEOUT_TOPICS_JSON.
 TIMEOUT_TOPICS = {
     "timeout.default": {"type": "log", "slots": 8},
     "order.close": {"type": "celery", "task": "reminders.tasks.log_timeout_job", "slots": 8},
@@ -451,9 +453,17 @@ if not 0 <= TIMEOUT_HOLD_MS <= 1000:
 # The worker rebuilds pending jobs due within this window from the database on this schedule.
 RECONCILE_WINDOW_S = int(os.environ.get("RECONCILE_WINDOW_S", "300"))
 RECONCILE_EVERY_S = int(os.environ.get("RECONCILE_EVERY_S", "60"))
-# Delivery: the webhook gateway's target and HMAC secret, and where alerts go (chat webhook).
+# Delivery: the webhook gateway's target and signing secret (whsec_<base64>, or text used as
+# bytes), and where alerts go (chat webhook). While the secret is rotated, the old one goes in
+# NOTIFY_WEBHOOK_PREVIOUS_SECRET: both sign every call until it is removed. The legacy
+# X-Coupon-Center-* headers are added only with NOTIFY_WEBHOOK_LEGACY_SIGNATURE (docs/timeouts.md).
 NOTIFY_WEBHOOK_URL = os.environ.get("NOTIFY_WEBHOOK_URL", "")
 NOTIFY_WEBHOOK_SECRET = os.environ.get("NOTIFY_WEBHOOK_SECRET", "")
+NOTIFY_WEBHOOK_PREVIOUS_SECRET = os.environ.get("NOTIFY_WEBHOOK_PREVIOUS_SECRET", "")
+NOTIFY_WEBHOOK_LEGACY_SIGNATURE = _env_bool("NOTIFY_WEBHOOK_LEGACY_SIGNATURE", False)
+# A topic kept as data whose secret is changed keeps signing with the old one as well for this
+# long, so receivers can move to the new one without refusing a call.
+WEBHOOK_SECRET_OVERLAP_S = _env_int("WEBHOOK_SECRET_OVERLAP_S", 86_400, 0, 30 * 86_400)
 ALERT_WEBHOOK_URL = os.environ.get("ALERT_WEBHOOK_URL", "")
 # Celery queue that carries reminder batches (the dispatcher watches its depth for backpressure).
 DELIVERY_QUEUE = os.environ.get("DELIVERY_QUEUE", "celery")

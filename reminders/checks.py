@@ -9,15 +9,16 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from couponcenter.core.webhooks import secret_problem
+from reminders.gateways import gateway_secrets
 from reminders.selectors.timeout_topics import settings_topic_specs
 
 
 def config_errors() -> list[str]:
     errors = []
     if settings.NOTIFY_WEBHOOK_URL:
-        problem = secret_problem(settings.NOTIFY_WEBHOOK_SECRET, what="NOTIFY_WEBHOOK_SECRET")
-        if problem:
+        try:
+            gateway_secrets(settings.NOTIFY_WEBHOOK_SECRET, settings.NOTIFY_WEBHOOK_PREVIOUS_SECRET)
+        except ValueError as problem:
             errors.append(f"NOTIFY_WEBHOOK_URL is set but {problem}")
     try:
         settings_topic_specs()  # the rows are checked when saved

@@ -108,20 +108,32 @@ class LogGateway:
 
 
 class WebhookGateway:
-    """A signed HTTP POST per message (HMAC-SHA256 of timestamp and body), with an idempotency
-    key; refuses a secret under 32 bytes."""
+    """A POST per message, signed per Standard Webhooks (``couponcenter.core.webhooks``) with
+    the message's dedup key as its ``webhook-id``; refuses a guessable secret."""
 
     name = "webhook"
 
-    def __init__(self, url: str | None = None, secret: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        secret: str | None = None,
+        *,
+        previous_secret: str | None = None,
+        legacy_signature: bool | None = None,
+    ) -> None:
         self.url = url or settings.NOTIFY_WEBHOOK_URL
-        self.secret = secret or settings.NOTIFY_WEBHOOK_SECRET
         if not self.url:
             raise ValueError("NOTIFY_WEBHOOK_URL is not set")
         check_target(self.url, what="webhook")
-        problem = secret_problem(self.secret, what="NOTIFY_WEBHOOK_SECRET")
-        if problem:
-            raise ValueError(problem)
+        self.secrets = gateway_secrets(
+            secret or settings.NOTIFY_WEBHOOK_SECRET,
+            settings.NOTIFY_WEBHOOK_PREVIOUS_SECRET if previous_secret is None else previous_secret,
+        )
+        self.legacy_signature = (
+            settings.NOTIFY_WEBHOOK_LEGACY_SIGNATURE
+            if legacy_signature is None
+            else legacy_signature
+        )
 
     def deliver(self, messages: list[Message]) -> list[Delivered]:
         results = []
@@ -141,16 +153,29 @@ class WebhookGateway:
                     post_signed(
                         self.url,
                         body,
-                        secret=self.secret,
+                        secrets=self.secrets,
                         idempotency_key=m.dedup_key,
                         session=session,
                         what="webhook",
+                        legacy_signature=self.legacy_signature,
                     )
                 except requests.RequestException as exc:
                     results.append(Delivered(False, f"{exc.__class__.__name__}: {exc}"[:300]))
                 else:
                     results.append(Delivered(True))
         return results
+
+
+def gateway_secrets(secret: str, previous: str) -> tuple[str, ...]:
+    """The gateway's signing secrets, the current one first (``ValueError``: a guessable one)."""
+    named = [("NOTIFY_WEBHOOK_SECRET", secret)]
+    if previous:
+        named.append(("NOTIFY_WEBHOOK_PREVIOUS_SECRET", previous))
+    for what, value in named:
+        problem = secret_problem(value, what=what)
+        if problem:
+            raise ValueError(problem)
+    return tuple(value for _, value in named)
 
 
 def gateway_for(name: str) -> Gateway:

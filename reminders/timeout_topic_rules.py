@@ -7,6 +7,7 @@ the admin's fieldsets and the API's fields are derived from ``TIMEOUT_TOPIC_KNOB
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from datetime import datetime
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -73,6 +74,12 @@ class TimeoutTopicSpec:
     task: str = ""
     url: str = ""
     secret: str = ""
+    # The secret being rotated out: it signs every call too, until ``previous_secret_until``
+    # (None: until it is removed, as a topic in settings does).
+    previous_secret: str = ""
+    previous_secret_until: datetime | None = None
+    # Our older X-Coupon-Center-* signature headers as well (docs/timeouts.md, "Signatures").
+    legacy_signature: bool = False
     allow_http: bool = False
     concurrency: int = CONCURRENCY.default
     timeout_ms: int = TIMEOUT_MS.default
@@ -91,8 +98,20 @@ class TimeoutTopicSpec:
     def owned(self) -> bool:
         return self.owner_user_id is not None or self.owner_group_id is not None
 
+    def signing_secrets(self, now: datetime) -> tuple[str, ...]:
+        """The secrets a call made at ``now`` is signed with, the current one first."""
+        rotating = self.previous_secret and (
+            self.previous_secret_until is None or now < self.previous_secret_until
+        )
+        return (self.secret, self.previous_secret) if rotating else (self.secret,)
 
-SETTINGS_KEYS = {f.name for f in fields(TimeoutTopicSpec)} - {"name", "read_only"}
+
+# A topic in settings ends a rotation by dropping its previous_secret: it has no end time.
+SETTINGS_KEYS = {f.name for f in fields(TimeoutTopicSpec)} - {
+    "name",
+    "read_only",
+    "previous_secret_until",
+}
 
 
 def spec_problems(spec: TimeoutTopicSpec, *, secret_what: str = "the secret") -> dict[str, str]:
@@ -113,6 +132,11 @@ def spec_problems(spec: TimeoutTopicSpec, *, secret_what: str = "the secret") ->
         problem = secret_problem(spec.secret, what=secret_what)
         if problem:
             problems["secret"] = problem
+        problem = spec.previous_secret and secret_problem(
+            spec.previous_secret, what=f"{secret_what} being rotated out (previous_secret)"
+        )
+        if problem:
+            problems["previous_secret"] = problem
     elif spec.type in ("celery", "callable") and not spec.target:
         what = "task name" if spec.type == "celery" else "dotted path"
         problems["target"] = f"a {spec.type} topic needs its {what}"
@@ -145,6 +169,9 @@ def spec_from_topic(row) -> TimeoutTopicSpec:
         name=row.name,
         type=row.type,
         secret=row.secret,
+        previous_secret=row.previous_secret,
+        previous_secret_until=row.previous_secret_until,
+        legacy_signature=row.legacy_signature,
         allow_http=row.allow_http,
         fair_key=row.fair_key,
         paused=row.paused,

@@ -1,10 +1,18 @@
 """The one signed-POST helper for every outbound call (the reminders' webhook gateway, ``http``
 timeout topics; alerts use ``guarded_session`` too).
 
-A body is JSON bytes signed with HMAC-SHA256 over ``"<timestamp>." + body``
-(``X-Coupon-Center-Signature: sha256=<hex>``, ``X-Coupon-Center-Timestamp: <unix seconds>``) and
-sent with an ``Idempotency-Key``, so a receiver can check who sent it, reject a replay of an old
-request (``verify``'s tolerance) and absorb a redelivery (README, "Verifying a webhook").
+A body is JSON bytes signed as the Standard Webhooks specification says, so a receiver verifies
+it with the official ``standardwebhooks`` library of its language (README, "Verifying a webhook"):
+``webhook-id`` (the call's idempotency key, the same on every retry; also sent as
+``Idempotency-Key``), ``webhook-timestamp`` (unix seconds, which the libraries hold to five
+minutes: a replay is refused) and ``webhook-signature: v1,<base64 HMAC-SHA256 of
+"<id>.<timestamp>.<body>">``, one signature per secret, space-separated: while a secret is being
+rotated the old and the new one both sign, so a receiver holding either verifies.
+
+A secret is ``whsec_<base64>`` (the key is the decoded bytes) or, for secrets set before, any
+other text, whose UTF-8 bytes are the key: ``whsec_`` + base64 of that text is the same key
+(docs/timeouts.md, "Signatures"). Our older headers (``X-Coupon-Center-Signature:
+sha256=<hex>``, ``X-Coupon-Center-Timestamp``) are added only for a target that asks for them.
 
 Refused targets:
 - plain HTTP unless ``WEBHOOK_ALLOW_HTTP`` is on (development and tests), whatever the case of the
@@ -25,6 +33,8 @@ secret, and the message ends up in logs, ``last_error`` columns and the API.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import collections
 import functools
 import hashlib
@@ -32,6 +42,7 @@ import hmac
 import ipaddress
 import socket
 import time
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import requests
@@ -42,23 +53,34 @@ from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConn
 from urllib3.util.connection import allowed_gai_family
 from urllib3.util.timeout import _DEFAULT_TIMEOUT
 
-SIGNATURE_HEADER = "X-Coupon-Center-Signature"
-TIMESTAMP_HEADER = "X-Coupon-Center-Timestamp"
-# A receiver should refuse a request signed longer ago than this (a replay).
-REPLAY_TOLERANCE_S = 300
-# A signing key shorter than this can be guessed; an empty one lets anyone forge a request.
+ID_HEADER = "webhook-id"
+TIMESTAMP_HEADER = "webhook-timestamp"
+SIGNATURE_HEADER = "webhook-signature"
+LEGACY_SIGNATURE_HEADER = "X-Coupon-Center-Signature"
+LEGACY_TIMESTAMP_HEADER = "X-Coupon-Center-Timestamp"
+SECRET_PREFIX = "whsec_"
+# A signing secret written as text shorter than this can be guessed; an empty one lets anyone
+# forge a request.
 MIN_SECRET_BYTES = 32
+# A whsec_ key is random bytes: the specification's floor, as many random bits (192) as 32
+# url-safe characters hold.
+MIN_KEY_BYTES = 24
 # A long key is guessable too when it is made of few characters, repeats a shorter unit or runs
 # along the alphabet (most neighbours the same step apart). The bounds leave every random key
 # of 32 bytes or more as the example makes it, and 32 random hex digits, well clear of them.
 MIN_SECRET_DISTINCT_CHARS = 8
 MAX_SECRET_STEP_SHARE = 0.5
-_MAKE_ONE = "for example: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+_MAKE_ONE = (
+    "for example: python -c 'import base64, secrets; "
+    'print("whsec_" + base64.b64encode(secrets.token_bytes(32)).decode())\''
+)
 
 
 def secret_problem(secret: str, *, what: str) -> str | None:
     """Why ``secret`` may not sign outbound calls (None: it may): the one rule for every
     signing secret (topic rows, settings topics, the webhook gateway, each outbound call)."""
+    if secret.startswith(SECRET_PREFIX):
+        return _key_problem(secret, what=what)
     size = len(secret.encode())
     if size < MIN_SECRET_BYTES:
         state = "is empty" if not size else f"has {size} bytes"
@@ -68,6 +90,32 @@ def secret_problem(secret: str, *, what: str) -> str | None:
     if weakness:
         return f"{what} is guessable: {weakness}; use a random one ({_MAKE_ONE})"
     return None
+
+
+def _key_problem(secret: str, *, what: str) -> str | None:
+    try:
+        key = signing_key(secret)
+    except ValueError:
+        return f"{what} is not valid base64 after {SECRET_PREFIX} ({_MAKE_ONE})"
+    if len(key) < MIN_KEY_BYTES:
+        need = f"a {SECRET_PREFIX} key needs at least {MIN_KEY_BYTES} bytes"
+        return f"{what} has a key of {len(key)} bytes: {need} ({_MAKE_ONE})"
+    weakness = _secret_weakness(key.decode("latin-1"))  # one character per byte
+    if weakness:
+        return f"{what} is guessable: its key has {weakness}; use a random one ({_MAKE_ONE})"
+    return None
+
+
+def signing_key(secret: str) -> bytes:
+    """The HMAC key of ``secret``: the bytes of a ``whsec_<base64>`` secret, the UTF-8 bytes of
+    any other (``ValueError``: not base64 after the prefix)."""
+    if not secret.startswith(SECRET_PREFIX):
+        return secret.encode()
+    text = secret.removeprefix(SECRET_PREFIX)
+    try:  # padded or not, as the libraries take it
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"not base64 after {SECRET_PREFIX}") from exc
 
 
 @functools.lru_cache(maxsize=256)  # checked before every outbound call; a process has few
@@ -95,30 +143,40 @@ def _shortest_period(text: str) -> int:
     return len(text) - border[-1]
 
 
-def sign(secret: str, body: bytes, timestamp: int) -> str:
-    message = str(timestamp).encode() + b"." + body
-    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+def signature(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
+    """``v1,<base64>``: the Standard Webhooks signature of one call with one secret."""
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    mac = hmac.new(signing_key(secret), signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(mac).decode()
 
 
-def verify(
-    secret: str,
+def legacy_sign(secret: str, timestamp: int, body: bytes) -> str:
+    """``sha256=<hex>`` over ``"<timestamp>." + body`` with the secret's text as the key, as
+    receivers written before Standard Webhooks check it."""
+    signed = str(timestamp).encode() + b"." + body
+    return "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+
+
+def signed_headers(
     body: bytes,
-    signature: str,
-    timestamp: str,
     *,
-    now: float | None = None,
-    tolerance_s: int = REPLAY_TOLERANCE_S,
-) -> bool:
-    """What a receiver does with the two headers: the signature must match the body and the
-    timestamp, and the timestamp must be recent (both ways: a clock running ahead is no
-    excuse)."""
-    if not timestamp.isdigit() or not signature.startswith("sha256="):
-        return False
-    age = (time.time() if now is None else now) - int(timestamp)
-    if abs(age) > tolerance_s:
-        return False
-    expected = sign(secret, body, int(timestamp))
-    return hmac.compare_digest(signature.removeprefix("sha256="), expected)
+    secrets: Sequence[str],
+    message_id: str,
+    timestamp: int,
+    legacy: bool = False,
+) -> dict[str, str]:
+    """The headers that sign ``body``: one ``v1`` signature per secret (the current one first,
+    then one being rotated out), and with ``legacy`` our older pair, signed with the current
+    secret alone (its header holds one signature)."""
+    headers = {
+        ID_HEADER: message_id,
+        TIMESTAMP_HEADER: str(timestamp),
+        SIGNATURE_HEADER: " ".join(signature(s, message_id, timestamp, body) for s in secrets),
+    }
+    if legacy:
+        headers[LEGACY_SIGNATURE_HEADER] = legacy_sign(secrets[0], timestamp, body)
+        headers[LEGACY_TIMESTAMP_HEADER] = str(timestamp)
+    return headers
 
 
 class OutboundCallFailed(requests.RequestException):
@@ -264,23 +322,35 @@ def post_signed(
     url: str,
     body: bytes,
     *,
-    secret: str,
+    secrets: Sequence[str],
     idempotency_key: str,
     session: requests.Session | None = None,
     what: str = "target",
     timeout_s: float | None = None,
     allow_http: bool = False,
+    legacy_signature: bool = False,
 ) -> requests.Response:
-    """POST ``body`` signed (``session``: a ``guarded_session()`` to reuse its connections).
+    """POST ``body`` signed with each of ``secrets`` (the current one first; more than one
+    while a secret is rotated), ``idempotency_key`` as its ``webhook-id`` (``session``: a
+    ``guarded_session()`` to reuse its connections).
 
     Raises ``ValueError`` (refused target or secret) or ``OutboundCallFailed`` (the call failed,
     a non-public address was refused, or the receiver answered a redirect or an error status).
     """
     check_target(url, what=what, allow_http=allow_http)
-    problem = secret_problem(secret, what=f"the secret of {origin(url)}")
-    if problem:
-        raise ValueError(problem)
-    timestamp = int(time.time())
+    if not secrets:
+        raise ValueError(f"no secret to sign the calls to {origin(url)}")
+    for secret in secrets:
+        problem = secret_problem(secret, what=f"the secret of {origin(url)}")
+        if problem:
+            raise ValueError(problem)
+    headers = signed_headers(
+        body,
+        secrets=secrets,
+        message_id=idempotency_key,
+        timestamp=int(time.time()),
+        legacy=legacy_signature,
+    )
     own = session is None
     session = session or guarded_session()
     try:
@@ -292,8 +362,7 @@ def post_signed(
             headers={
                 "Content-Type": "application/json",
                 "Idempotency-Key": idempotency_key,
-                SIGNATURE_HEADER: f"sha256={sign(secret, body, timestamp)}",
-                TIMESTAMP_HEADER: str(timestamp),
+                **headers,
             },
         )
     except requests.RequestException as exc:

@@ -27,6 +27,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from couponcenter.core.db import prepared
+from couponcenter.core.time import utc_text
 
 # The one documented exception to the layering (docs/architecture.md, invariant 2): the claim
 # statement writes the claim's ExpiryTask in the same transaction.
@@ -149,11 +150,11 @@ def _window_refusal(*, coupon: Coupon, now: datetime) -> str | None:
 def _refused(code: str, coupon: Coupon | None = None) -> ClaimRefused:
     """The refusal with what a client needs to act on it: when claims open or closed."""
     if code == "not_open" and coupon is not None:
-        opens = coupon.claim_opens_at.isoformat()
+        opens = utc_text(coupon.claim_opens_at)
         return ClaimRefused(code, f"Claims open at {opens}.", opens_at=opens)
     if code == "closed" and coupon is not None:
         ends = [t for t in (coupon.claim_closes_at, coupon.expires_at) if t is not None]
-        closed = min(ends).isoformat() if ends else None
+        closed = utc_text(min(ends)) if ends else None
         return ClaimRefused(code, f"Claims closed at {closed}.", closed_at=closed)
     messages = {
         "cancelled": "The coupon was cancelled.",
@@ -499,9 +500,9 @@ def coupon_redeem(*, user_coupon_id: int, user_id: int, now: datetime | None = N
         )
         if not used:
             if user_coupon.status == UserCoupon.Status.USED:
-                used_at = user_coupon.used_at.isoformat() if user_coupon.used_at else None
+                used_at = utc_text(user_coupon.used_at) if user_coupon.used_at else None
                 raise RedeemRefused("already_used", f"Already used at {used_at}.", used_at=used_at)
-            expired = user_coupon.expires_at.isoformat()
+            expired = utc_text(user_coupon.expires_at)
             raise RedeemRefused("expired", f"Expired at {expired}.", expired_at=expired)
         ExpiryTask.objects.filter(
             user_coupon_id=user_coupon_id, status=ExpiryTask.Status.PENDING

@@ -23,6 +23,7 @@ from rest_framework.views import APIView
 from couponcenter.core.api.errors import error_responses
 from couponcenter.core.api.fields import IsoDurationModelSerializer
 from couponcenter.core.api.permissions import staff_permissions
+from couponcenter.core.time import utc_text
 from couponcenter.ops import overview
 from expiry import selectors as expiry_selectors
 from expiry import services as expiry_services
@@ -133,7 +134,7 @@ class BacklogApi(APIView):
             "workers": WorkerSerializer(queues.workers(live=live), many=True).data,
             "expiry": {
                 **expiry,
-                "oldest_due_at": expiry["oldest_due_at"].isoformat()
+                "oldest_due_at": utc_text(expiry["oldest_due_at"])
                 if expiry["oldest_due_at"]
                 else None,
             },

@@ -16,7 +16,9 @@ class TimeoutTopicForm(forms.ModelForm):
     secret = forms.CharField(
         required=False,
         widget=forms.PasswordInput(render_value=False),
-        help_text="http: the signing key, at least 32 bytes. Left empty on a change: kept.",
+        help_text="http: the signing secret, whsec_<base64> (24 bytes or more) or text of 32 bytes "
+        "or more. Left empty on a change: kept. A new one: the old one signs as well for "
+        "WEBHOOK_SECRET_OVERLAP_S.",
     )
 
     class Meta:
@@ -26,6 +28,7 @@ class TimeoutTopicForm(forms.ModelForm):
             "type",
             "target",
             "secret",
+            "legacy_signature",
             "allow_http",
             "paused",
             "owner_user",
@@ -57,9 +60,10 @@ class TimeoutTopicAdmin(admin.ModelAdmin):
     ]
     list_filter = ["type", "paused"]
     search_fields = ["name"]
-    actions = ["pause", "resume"]
+    actions = ["pause", "resume", "end_rotation"]
     fieldsets = [
         (None, {"fields": ["name", "type", "target", "secret", "allow_http", "paused"]}),
+        ("Signatures", {"fields": ["legacy_signature", "previous_secret_until"]}),
         ("Who may use it", {"fields": ["owner_user", "owner_group"]}),
         ("Firing", {"fields": [*(knob.name for knob in FIRING_KNOBS), "fair_key"]}),
         ("Engine", {"fields": [knob.name for knob in TOPIC_KNOBS]}),
@@ -67,7 +71,8 @@ class TimeoutTopicAdmin(admin.ModelAdmin):
     raw_id_fields = ["owner_user"]
 
     def get_readonly_fields(self, request, obj=None):
-        return ["name"] if obj is not None else []  # its jobs carry the name
+        # The name: its jobs carry it. The overlap: set when the secret changes.
+        return ["name", "previous_secret_until"] if obj is not None else ["previous_secret_until"]
 
     def save_model(self, request, obj, form, change):
         try:
@@ -99,3 +104,13 @@ class TimeoutTopicAdmin(admin.ModelAdmin):
         for topic in queryset:
             timeout_topic_save(topic=topic, paused=False)
         self.message_user(request, f"{queryset.count()} topics resumed.")
+
+    @admin.action(
+        description="End the secret rotation: only the current secret signs", permissions=["change"]
+    )
+    def end_rotation(self, request, queryset):
+        for topic in queryset:
+            timeout_topic_save(topic=topic, previous_secret="", previous_secret_until=None)
+        self.message_user(
+            request, f"{queryset.count()} topics sign with their current secret only."
+        )

@@ -13,6 +13,7 @@ from rest_framework import serializers
 from rest_framework.fields import SkipField, empty
 
 from couponcenter.core.api.fields import AwareDateTimeField
+from couponcenter.core.time import utc_text
 from reminders import attributes
 from reminders.models import TimeoutJob
 from reminders.recurrence import rules
@@ -203,7 +204,7 @@ def bulk_output(results: list[tuple[BulkJob | TimeoutJob, bool]]) -> dict:
     for job, made in results:
         at = texts.get(job.action_time)
         if at is None:
-            at = texts[job.action_time] = _utc_text(job.action_time)
+            at = texts[job.action_time] = utc_text(job.action_time)
         jobs.append(
             {
                 "job_id": job.job_id,
@@ -215,11 +216,6 @@ def bulk_output(results: list[tuple[BulkJob | TimeoutJob, bool]]) -> dict:
             }
         )
     return {"created": created, "existing": len(results) - created, "jobs": jobs}
-
-
-def _utc_text(moment: datetime) -> str:
-    """As DRF's DateTimeField writes it under ``TIME_ZONE = "UTC"``."""
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 class TimeoutJobKeySerializer(serializers.Serializer):

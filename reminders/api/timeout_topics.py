@@ -41,6 +41,14 @@ class TopicOutputSerializer(serializers.Serializer):
     type = serializers.CharField()
     target = serializers.CharField()
     secret_set = serializers.BooleanField(help_text="The secret itself is never shown.")
+    previous_secret_until = serializers.DateTimeField(
+        allow_null=True,
+        help_text="Until then the secret replaced last signs every call as well (a second "
+        "v1 signature in webhook-signature), so receivers move to the new one without a refusal.",
+    )
+    legacy_signature = serializers.BooleanField(
+        help_text="Also sent: X-Coupon-Center-Signature and X-Coupon-Center-Timestamp."
+    )
     allow_http = serializers.BooleanField()
     fair_key = serializers.CharField()
     paused = serializers.BooleanField()
@@ -62,7 +70,14 @@ class TopicInputSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=64)
     type = serializers.ChoiceField(choices=TimeoutTopic.Type.values)
     target = serializers.CharField(max_length=500, required=False, allow_blank=True)
-    secret = serializers.CharField(max_length=256, required=False, write_only=True)
+    secret = serializers.CharField(
+        max_length=256,
+        required=False,
+        write_only=True,
+        help_text="whsec_<base64> (a key of 24 bytes or more), or text of 32 bytes or more used as "
+        "the key itself. A new secret on a change: the old one signs as well for the overlap.",
+    )
+    legacy_signature = serializers.BooleanField(required=False)
     allow_http = serializers.BooleanField(required=False)
     fair_key = serializers.CharField(max_length=70, required=False, allow_blank=True)
     paused = serializers.BooleanField(required=False)
@@ -90,7 +105,7 @@ EXAMPLE = OpenApiExample(
         "name": "order.close",
         "type": "http",
         "target": "https://orders.example.com/timeouts",
-        "secret": "<at least 32 bytes>",
+        "secret": "whsec_<base64 of 32 random bytes>",
         "concurrency": 16,
         "timeout_ms": 2000,
         "rate_limit_per_s": 500,

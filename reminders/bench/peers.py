@@ -6,10 +6,10 @@ Each peer's job is a no-op that records its lateness (when it ran, less when it 
 peers' figures are their scheduling alone, with no inbox write; ours in ``bench_reminders`` include
 the inbox. Lateness is summarised with the same HDR histogram.
 
-- BullMQ runs through ``node`` when it is on the PATH: ``bullmq`` is installed by this module into
-  ``var/peers/bullmq`` (``npm install``, once), and ``js/bullmq_bench.mjs`` runs the phases with one
-  Worker process (concurrency 50, BullMQ's advice for I/O-bound processors). Without ``node`` or
-  ``npm`` the peer is skipped with the reason in the result.
+- BullMQ runs through ``node`` when it is on the PATH: ``bullmq`` is installed into
+  ``var/peers/bullmq`` (``npm_package``: ``npm install``, once), and ``js/bullmq_bench.mjs`` runs
+  the phases with one Worker process (concurrency 50, BullMQ's advice for I/O-bound
+  processors). Without ``node`` or ``npm`` the peer is skipped with the reason in the result.
 - Celery ETA: ``count`` tasks published with ``eta`` at the due second to a queue of their own,
   consumed by one Celery worker (prefork, one process per core, as in ``bench_reminders``); each
   task appends its lateness to a Redis list under a key of its own.
@@ -47,34 +47,33 @@ PUBLISH_BATCH = 1000
 PUBLISH_RATE = 700
 
 
-def _peer_dir() -> Path:
-    return Path(settings.VAR_DIR) / "peers" / "bullmq"
-
-
-def bullmq_install() -> tuple[Path | None, str]:
-    """``(node_modules parent, "")`` or ``(None, why it is skipped)``."""
+def npm_package(name: str, version: str) -> tuple[Path | None, str]:
+    """``(node_modules parent, "")`` or ``(None, why it cannot be had)``: ``name@version`` is
+    installed into ``var/peers/<name>`` by ``npm install`` the first time, and used from there
+    after (no registry needed once it is there). The BullMQ peer and the tests that verify our
+    webhooks with the npm ``standardwebhooks`` library get theirs here."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if not node or not npm:
         return None, "node and npm are not on the PATH"
-    folder = _peer_dir()
-    if not (folder / "node_modules" / "bullmq").is_dir():
+    folder = Path(settings.VAR_DIR) / "peers" / name
+    if not (folder / "node_modules" / name).is_dir():
         folder.mkdir(parents=True, exist_ok=True)
         if not (folder / "package.json").exists():
-            (folder / "package.json").write_text('{"name": "ccpeer-bullmq", "private": true}\n')
+            (folder / "package.json").write_text(f'{{"name": "ccpeer-{name}", "private": true}}\n')
         done = subprocess.run(
-            [npm, "install", "--no-audit", "--no-fund", "--silent", f"bullmq@{BULLMQ_VERSION}"],
+            [npm, "install", "--no-audit", "--no-fund", "--silent", f"{name}@{version}"],
             cwd=folder,
             capture_output=True,
             text=True,
             timeout=600,
         )
         if done.returncode != 0:
-            return None, f"npm install bullmq failed: {done.stderr.strip()[-300:]}"
+            return None, f"npm install {name} failed: {done.stderr.strip()[-300:]}"
     return folder, ""
 
 
 def bench_bullmq(count: int, rates: list[int], seconds: int) -> dict[str, Any]:
-    folder, why = bullmq_install()
+    folder, why = npm_package("bullmq", BULLMQ_VERSION)
     if folder is None:
         return {"bullmq_skipped": why}
     version = json.loads((folder / "node_modules" / "bullmq" / "package.json").read_text())

@@ -25,6 +25,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from couponcenter.core import tracing
+from couponcenter.core.time import utc_text
 from couponcenter.core.webhooks import post_signed
 from reminders import metrics
 from reminders.alerts import raise_alert
@@ -307,7 +308,7 @@ def job_payload(job: TimeoutJob) -> dict[str, Any]:
         "topic": job.topic,
         "biz_type": job.biz_type,
         "biz_id": job.biz_id,
-        "action_time": job.action_time.isoformat(),
+        "action_time": utc_text(job.action_time),
         "attribute": job.attribute,
     }
 
@@ -321,7 +322,9 @@ def fire_jobs(
     - ``callable``: ``path(jobs)`` once; it may return ``{job_id: error}`` for jobs that failed
       (raising fails the whole batch);
     - ``celery``: one task for the batch, called with ``jobs=[payload, ...]``;
-    - ``http``: a signed POST per job (the body is the job's payload), on the executor's session.
+    - ``http``: a signed POST per job (the body is the job's payload), on the executor's session,
+      its ``webhook-id`` the job's idempotency key (``<topic>:<job_id>``, the same on every
+      retry).
     """
     if spec.type == "log":
         for job in jobs:
@@ -331,7 +334,7 @@ def fire_jobs(
                 job.biz_type,
                 job.biz_id,
                 job.pk,
-                job.action_time.isoformat(),
+                utc_text(job.action_time),
                 extra=job_payload(job),
             )
         return {}
@@ -344,17 +347,19 @@ def fire_jobs(
         current_app.signature(spec.task, kwargs={"jobs": payloads}).apply_async()
         return {}
     errors: dict[int, str | None] = {}
+    secrets = spec.signing_secrets(timezone.now())
     for job in jobs:
         body = json.dumps(job_payload(job), sort_keys=True).encode()
         try:
             post_signed(
                 spec.url,
                 body,
-                secret=spec.secret,
+                secrets=secrets,
                 session=session,
                 idempotency_key=f"{job.topic}:{job.pk}",
                 timeout_s=spec.timeout_ms / 1000,
                 allow_http=spec.allow_http,
+                legacy_signature=spec.legacy_signature,
             )
         except Exception as exc:  # noqa: BLE001 - any failure of the call is retried
             errors[job.pk] = f"{exc.__class__.__name__}: {exc}"[:500]

@@ -111,7 +111,19 @@ class TimeoutTopic(models.Model):
         help_text="http: the URL; celery: the task name; callable: the dotted path.",
     )
     secret = models.CharField(
-        max_length=256, blank=True, help_text="http: the HMAC signing key, at least 32 bytes."
+        max_length=256,
+        blank=True,
+        help_text="http: the signing secret, whsec_<base64> (a key of 24 bytes or more), or "
+        "text of at least 32 bytes used as the key itself.",
+    )
+    # Set by ``services.timeout_topic_save`` when the secret changes: the old one keeps signing
+    # beside the new one until then (settings.WEBHOOK_SECRET_OVERLAP_S).
+    previous_secret = models.CharField(max_length=256, blank=True, editable=False)
+    previous_secret_until = models.DateTimeField(null=True, blank=True, editable=False)
+    legacy_signature = models.BooleanField(
+        default=False,
+        help_text="Also send the X-Coupon-Center-Signature and -Timestamp headers, for "
+        "receivers that do not verify Standard Webhooks yet.",
     )
     allow_http = models.BooleanField(
         default=False, help_text="Allow a plain-HTTP URL (https only otherwise)."

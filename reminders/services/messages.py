@@ -17,6 +17,7 @@ from typing import Any
 from django.utils import timezone
 
 from couponcenter.core.caching import TTLCache
+from couponcenter.core.time import utc_text
 from couponcenter.coupons import rules
 from couponcenter.coupons.models import Coupon
 from reminders.engine.clock import epoch_ms
@@ -143,7 +144,7 @@ def _coupon_info(coupon_ids: set[int]) -> dict[int, CouponInfo]:
         rows = Coupon.objects.filter(pk__in=missing).values_list("pk", "name", "claim_opens_at")
         return {
             pk: CouponInfo(
-                name, opens_at, {"id": pk, "name": name, "claim_opens_at": opens_at.isoformat()}
+                name, opens_at, {"id": pk, "name": name, "claim_opens_at": utc_text(opens_at)}
             )
             for pk, name, opens_at in rows
         }

@@ -14,10 +14,13 @@ under the name, for another owner, would show that owner the old jobs.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
 
 from couponcenter.core.errors import BusinessError
 from reminders.engine import queue
@@ -40,6 +43,7 @@ def timeout_topic_save(*, topic: TimeoutTopic, **changes: Any) -> TimeoutTopic:
         raise ValidationError({"name": "a topic cannot be renamed: its jobs carry the name"})
     for field, value in changes.items():
         setattr(topic, field, value)
+    _keep_rotated_secret(topic)
     topic.full_clean()
     if topic.pk is None:
         _clear_name(topic.name)
@@ -48,6 +52,18 @@ def timeout_topic_save(*, topic: TimeoutTopic, **changes: Any) -> TimeoutTopic:
         reminder_settings_touch()
     reminder_settings_recheck()  # this process reads it at once, in a request or not
     return topic
+
+
+def _keep_rotated_secret(topic: TimeoutTopic) -> None:
+    """A changed secret: the stored one keeps signing beside it for the overlap, so receivers
+    still holding it verify every call until they have the new one (docs/timeouts.md)."""
+    stored = TimeoutTopic.objects.filter(pk=topic.pk).values_list("secret", flat=True).first()
+    if not stored or stored == topic.secret:
+        return
+    topic.previous_secret = stored
+    topic.previous_secret_until = timezone.now() + timedelta(
+        seconds=settings.WEBHOOK_SECRET_OVERLAP_S
+    )
 
 
 def timeout_topic_delete(*, topic: TimeoutTopic) -> int:

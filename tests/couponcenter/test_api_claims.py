@@ -95,6 +95,10 @@ def test_claim_refusals_are_409_with_a_code(client, make, code):
     assert response.data["code"] == code
     assert response.data["detail"]
     assert state() == before
+    # The time a client acts on is written as every answer writes times: UTC, ending in Z.
+    when = response.data.get("opens_at") or response.data.get("closed_at")
+    if code in ("not_open", "closed"):
+        assert when.endswith("Z") and when in response.data["detail"]
 
 
 @pytest.mark.parametrize(

@@ -138,7 +138,7 @@ def test_a_redirect_is_a_failure_and_never_followed(surface, receivers, settings
     receivers += [target, redirecting]
     if surface == "outbound call":
         with pytest.raises(OutboundCallFailed, match="redirect"):
-            post_signed(redirecting.url, b"{}", secret=SECRET, idempotency_key="k")
+            post_signed(redirecting.url, b"{}", secrets=[SECRET], idempotency_key="k")
     else:
         job = _fire_topic("sec.redirect", redirecting.url)
         assert job.status == TimeoutJob.Status.DEAD and "redirect" in job.last_error
@@ -167,7 +167,7 @@ def test_a_loopback_target_is_refused_unless_allowed(surface, receivers, setting
     receivers.append(receiver)
     if surface == "outbound call":
         with pytest.raises(OutboundCallFailed, match="refused"):
-            post_signed(receiver.url, b"{}", secret=SECRET, idempotency_key="k")
+            post_signed(receiver.url, b"{}", secrets=[SECRET], idempotency_key="k")
     else:
         job = _fire_topic("sec.private", receiver.url)
         assert job.status == TimeoutJob.Status.DEAD and "refused" in job.last_error
@@ -182,7 +182,7 @@ def test_a_loopback_target_is_refused_unless_allowed(surface, receivers, setting
 def test_a_guessable_secret_is_refused(surface, secret, settings):
     if surface == "outbound call":
         with pytest.raises(ValueError, match="32 bytes"):
-            post_signed("https://hooks.example.com/x", b"{}", secret=secret, idempotency_key="k")
+            post_signed("https://hooks.example.com/x", b"{}", secrets=[secret], idempotency_key="k")
     elif surface == "topic row":
         with pytest.raises(ValidationError, match="32 bytes"):
             timeout_topic_save(topic=TimeoutTopic(name="sec.secret"), type="http",

@@ -5,6 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from couponcenter.core.time import utc_text
 from couponcenter.coupons import services as coupon_services
 from couponcenter.coupons.models import Coupon
 from reminders.engine import queue
@@ -65,7 +66,7 @@ def test_the_wording_stays_true_however_late_it_is_read(eager_celery, reminder_s
     local = timezone.localtime(on_time.claim_opens_at)
     note = Notification.objects.get(user_id=11)
     assert note.title == f"{on_time.name} opens at {local:%H:%M} {local.tzname()}"
-    assert note.payload["coupons"][0]["claim_opens_at"] == on_time.claim_opens_at.isoformat()
+    assert note.payload["coupons"][0]["claim_opens_at"] == utc_text(on_time.claim_opens_at)
     assert Notification.objects.get(user_id=12).title == f"{late.name} is open now"
 
 

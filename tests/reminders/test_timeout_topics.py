@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -183,6 +183,39 @@ def test_a_caller_sees_and_uses_only_the_topics_it_owns(django_capture_on_commit
     assert owner_client.delete(f"/api/timeouts/by-key/{key}").status_code == 200
 
 
+NEW_SECRET = "whsec_FrZYC7H/Ecx7GLSPMN94ShGzuXBhLPMwwp1kUned6ug="
+
+
+def test_a_new_secret_over_the_api_starts_a_rotation_and_legacy_headers_are_a_setting():
+    _, staff = _client(staff=True)
+    body = {"name": "pay.rotate", "type": "http", "target": "https://orders.example.com/t",
+            "secret": SECRET}  # fmt: skip
+    created = staff.post(TOPICS, body, format="json").json()
+    assert (created["previous_secret_until"], created["legacy_signature"]) == (None, False)
+    changed = staff.patch(f"{TOPICS}pay.rotate/", {"secret": NEW_SECRET, "legacy_signature": True},
+                          format="json")  # fmt: skip
+    assert changed.status_code == 200, changed.content
+    assert changed.json()["legacy_signature"] is True
+    until = changed.json()["previous_secret_until"]
+    assert until is not None and until.endswith("Z")
+    spec = timeout_topic_spec("pay.rotate")
+    assert spec.signing_secrets(timezone.now()) == (NEW_SECRET, SECRET)
+    assert spec.signing_secrets(spec.previous_secret_until) == (NEW_SECRET,)  # the overlap ends
+    assert not {"secret", "previous_secret"} & set(changed.json())  # never shown
+
+
+def test_a_settings_topic_rotates_until_its_previous_secret_is_removed(settings):
+    spec = {"type": "http", "url": "https://h.example.com/x", "secret": NEW_SECRET}
+    settings.TIMEOUT_TOPICS = {"t.rot": {**spec, "previous_secret": SECRET}}
+    far = timezone.now() + timedelta(days=3650)
+    assert timeout_topic_spec("t.rot").signing_secrets(far) == (NEW_SECRET, SECRET)
+    settings.TIMEOUT_TOPICS = {"t.rot": spec}
+    assert timeout_topic_spec("t.rot").signing_secrets(far) == (NEW_SECRET,)
+    settings.TIMEOUT_TOPICS = {"t.rot": {**spec, "previous_secret": "x" * 40}}
+    with pytest.raises(ImproperlyConfigured, match="previous_secret"):
+        timeout_topic_spec("t.rot")
+
+
 # --- the admin ------------------------------------------------------------------------------------
 
 
@@ -205,6 +238,15 @@ def test_the_admin_adds_a_topic_keeps_its_secret_and_refuses_bad_values(admin_us
     assert bad.status_code == 200 and "power of two" in bad.content.decode()
     topic.refresh_from_db()
     assert topic.slots == 8
+    # A new secret: the old one signs too for the overlap, until an operator ends it.
+    assert client.post(change, {**form, "secret": NEW_SECRET}).status_code == 302
+    topic.refresh_from_db()
+    assert (topic.secret, topic.previous_secret) == (NEW_SECRET, SECRET)
+    assert client.get(change).status_code == 200  # the overlap's end shows, read-only
+    action = {"action": "end_rotation", "_selected_action": [topic.pk]}
+    assert client.post("/admin/reminders/timeouttopic/", action).status_code == 302
+    topic.refresh_from_db()
+    assert (topic.previous_secret, topic.previous_secret_until) == ("", None)
 
 
 # --- a running worker picks changes up ------------------------------------------------------------

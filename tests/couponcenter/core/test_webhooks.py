@@ -5,6 +5,8 @@ path and query often carry a secret). A real HTTP receiver on 127.0.0.1 checks w
 
 from __future__ import annotations
 
+import base64
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -13,7 +15,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from couponcenter.core.webhooks import address_refused, post_signed, secret_problem
+from couponcenter.core.webhooks import (
+    address_refused,
+    legacy_sign,
+    post_signed,
+    secret_problem,
+    signature,
+    signed_headers,
+    signing_key,
+)
 
 SECRET = "webhook-test-secret-of-thirty-two-bytes"
 
@@ -63,7 +73,7 @@ def test_a_redirect_is_a_failure_and_is_never_followed(servers, status):
     target = Server(status, redirect_to=f"{elsewhere.origin}/steal")
     servers.append(target)
     with pytest.raises(requests.RequestException, match=str(status)):
-        post_signed(f"{target.origin}/hook", b"{}", secret=SECRET, idempotency_key="k1")
+        post_signed(f"{target.origin}/hook", b"{}", secrets=[SECRET], idempotency_key="k1")
     assert len(target.requests) == 1
     assert elsewhere.requests == []  # neither the body nor the signature went anywhere else
 
@@ -72,7 +82,7 @@ def test_a_redirect_is_a_failure_and_is_never_followed(servers, status):
 def test_plain_http_is_refused_whatever_the_case_of_the_scheme(settings, url):
     settings.WEBHOOK_ALLOW_HTTP = False
     with pytest.raises(ValueError, match="plain-HTTP target refused"):
-        post_signed(url, b"{}", secret=SECRET, idempotency_key="k1")
+        post_signed(url, b"{}", secrets=[SECRET], idempotency_key="k1")
 
 
 def test_a_failure_names_the_scheme_and_host_only(servers):
@@ -80,7 +90,7 @@ def test_a_failure_names_the_scheme_and_host_only(servers):
     servers.append(target)
     url = f"{target.origin}/fail/TOKENINPATH?api_key=SECRETINQUERY"
     with pytest.raises(requests.RequestException) as caught:
-        post_signed(url, b"{}", secret=SECRET, idempotency_key="k1")
+        post_signed(url, b"{}", secrets=[SECRET], idempotency_key="k1")
     text = f"{caught.value} {caught.value!r}"
     assert "500" in text and target.origin in text
     assert "TOKENINPATH" not in text and "SECRETINQUERY" not in text
@@ -92,7 +102,7 @@ def test_an_unreachable_target_names_the_scheme_and_host_only(servers):
     target.httpd.shutdown()
     target.httpd.server_close()  # nothing listens there any more
     with pytest.raises(requests.RequestException) as caught:
-        post_signed(f"{target.origin}/x?api_key=SECRETINQUERY", b"{}", secret=SECRET,
+        post_signed(f"{target.origin}/x?api_key=SECRETINQUERY", b"{}", secrets=[SECRET],
                     idempotency_key="k1")  # fmt: skip
     text = f"{caught.value} {caught.value!r}"
     assert target.origin in text and "SECRETINQUERY" not in text
@@ -102,7 +112,7 @@ def test_an_unreachable_target_names_the_scheme_and_host_only(servers):
 def test_a_short_secret_signs_nothing(secret):
     # Refused before any connection is made: the target need not exist.
     with pytest.raises(ValueError, match="at least 32 bytes"):
-        post_signed("https://hooks.example.invalid/x", b"{}", secret=secret, idempotency_key="k")
+        post_signed("https://hooks.example.invalid/x", b"{}", secrets=[secret], idempotency_key="k")
 
 
 # Long enough, but each one guessed in far fewer tries than 32 random bytes would take.
@@ -120,7 +130,7 @@ def test_a_long_but_guessable_secret_signs_nothing(secret):
     problem = secret_problem(secret, what="the secret")
     assert problem is not None and problem.startswith("the secret is guessable")
     with pytest.raises(ValueError, match="guessable"):
-        post_signed("https://hooks.example.invalid/x", b"{}", secret=secret, idempotency_key="k")
+        post_signed("https://hooks.example.invalid/x", b"{}", secrets=[secret], idempotency_key="k")
 
 
 @pytest.mark.parametrize(
@@ -135,6 +145,53 @@ def test_a_random_or_long_phrase_secret_is_sound(secret):
     assert secret_problem(secret, what="the secret") is None
 
 
+def _whsec(key: bytes) -> str:
+    return "whsec_" + base64.b64encode(key).decode()
+
+
+WHSEC_REFUSED = {
+    "not base64": ("whsec_not base64!", "not valid base64"),
+    "a short key": (_whsec(os.urandom(16)), "at least 24 bytes"),
+    "a repeated key": (_whsec(b"0123456789ab" * 3), "guessable"),
+    "no key": ("whsec_", "at least 24 bytes"),
+}
+
+
+@pytest.mark.parametrize(("secret", "why"), WHSEC_REFUSED.values(), ids=WHSEC_REFUSED.keys())
+def test_a_whsec_secret_is_judged_by_its_decoded_key(secret, why):
+    problem = secret_problem(secret, what="the secret")
+    assert problem is not None and why in problem
+    with pytest.raises(ValueError, match=why):
+        post_signed("https://hooks.example.invalid/x", b"{}", secrets=[secret], idempotency_key="k")
+
+
+def test_a_random_whsec_key_of_24_bytes_or_more_is_sound():
+    # 24 bytes: the keys other senders of Standard Webhooks hand out.
+    assert secret_problem(_whsec(os.urandom(24)), what="the secret") is None
+    assert secret_problem(_whsec(os.urandom(32)), what="the secret") is None
+
+
+def test_a_text_secret_and_its_whsec_form_are_one_key():
+    text = "a-signing-phrase-of-at-least-thirty-two-bytes"
+    assert signing_key(text) == text.encode() == signing_key(_whsec(text.encode()))
+    assert signature(text, "id", 1, b"{}") == signature(_whsec(text.encode()), "id", 1, b"{}")
+
+
+def test_every_secret_signs_and_the_legacy_pair_comes_only_when_asked():
+    new, old = _whsec(os.urandom(32)), _whsec(os.urandom(32))
+    plain = signed_headers(b"{}", secrets=[new, old], message_id="t:1", timestamp=1_800_000_000)
+    assert plain["webhook-signature"].split(" ") == [
+        signature(new, "t:1", 1_800_000_000, b"{}"),
+        signature(old, "t:1", 1_800_000_000, b"{}"),
+    ]
+    assert set(plain) == {"webhook-id", "webhook-timestamp", "webhook-signature"}
+    legacy = signed_headers(
+        b"{}", secrets=[new, old], message_id="t:1", timestamp=1_800_000_000, legacy=True
+    )
+    assert legacy["X-Coupon-Center-Timestamp"] == "1800000000"
+    assert legacy["X-Coupon-Center-Signature"] == legacy_sign(new, 1_800_000_000, b"{}")
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
 def test_a_private_address_is_refused_before_anything_is_sent(servers, settings, host):
     """Loopback here; the check is on the address connected to, so a public-looking name that
@@ -144,7 +201,7 @@ def test_a_private_address_is_refused_before_anything_is_sent(servers, settings,
     servers.append(target)
     url = f"http://{host}:{target.httpd.server_port}/hook?api_key=SECRETINQUERY"
     with pytest.raises(requests.RequestException, match="not a public address") as caught:
-        post_signed(url, b"{}", secret=SECRET, idempotency_key="k1")
+        post_signed(url, b"{}", secrets=[SECRET], idempotency_key="k1")
     assert "WEBHOOK_ALLOW_PRIVATE" in str(caught.value) and "SECRETINQUERY" not in str(caught.value)
     assert target.requests == []  # not a byte of the body or the signature went out
 
@@ -153,7 +210,7 @@ def test_private_addresses_are_allowed_when_configured(servers, settings):
     settings.WEBHOOK_ALLOW_PRIVATE = True
     target = Server()
     servers.append(target)
-    post_signed(f"{target.origin}/hook", b"{}", secret=SECRET, idempotency_key="k1")
+    post_signed(f"{target.origin}/hook", b"{}", secrets=[SECRET], idempotency_key="k1")
     assert len(target.requests) == 1
 
 
@@ -182,7 +239,7 @@ def test_an_open_and_a_closed_private_port_are_refused_alike_and_never_connected
         for sock in (listening, closed):
             port = sock.getsockname()[1]
             with pytest.raises(requests.RequestException) as caught:
-                post_signed(f"http://127.0.0.1:{port}/hook", b"{}", secret=SECRET,
+                post_signed(f"http://127.0.0.1:{port}/hook", b"{}", secrets=[SECRET],
                             idempotency_key="k1")  # fmt: skip
             errors.append(
                 f"{type(caught.value).__name__}: {caught.value}".replace(f":{port}", ":PORT")

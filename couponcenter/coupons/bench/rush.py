@@ -133,10 +133,13 @@ function done(summary, latency, requests)
     if l > last then last = l end
     unanswered = unanswered + t:get("last_user") - t:get("user") + 1
   end
-  local parts = {}
-  for _, name in ipairs(COUNTS) do table.insert(parts, string.format('"%s": %d', name, total[name])) end
-  local errs = {}
-  for status, n in pairs(by_status) do table.insert(errs, string.format('"%s": %d', status, n)) end
+  local parts, errs = {}, {}
+  for _, name in ipairs(COUNTS) do
+    table.insert(parts, string.format('"%s": %d', name, total[name]))
+  end
+  for status, n in pairs(by_status) do
+    table.insert(errs, string.format('"%s": %d', status, n))
+  end
   io.write(string.format(
     'BENCH_JSON {%s, "errors_by_status": {%s}, "unanswered": %d, "first_answer_us": %.0f, ' ..
     '"last_answer_us": %.0f, "requests": %d, "duration_us": %d, "socket_errors": %d, ' ..

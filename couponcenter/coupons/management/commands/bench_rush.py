@@ -15,7 +15,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--users", type=int, default=100_000)
-        parser.add_argument("--stocks", default="1000,100000", help="comma-separated, one rush each")
+        parser.add_argument(
+            "--stocks", default="1000,100000", help="comma-separated, one rush each"
+        )
         parser.add_argument("--connections", type=int, default=64, help="wrk's, one per thread")
         parser.add_argument("--workers", type=int, default=0, help="default: 2 x cores + 1")
         parser.add_argument("--threads", type=int, default=8, help="threads per gthread worker")

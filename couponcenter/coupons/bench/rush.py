@@ -189,7 +189,7 @@ def run(
     runs = []
     try:
         say(f"gunicorn: {workers} x gthread, {threads} threads, on {gunicorn.url}")
-        gunicorn.wait_ready()
+        gunicorn.wait_ready(timeout=120)  # every worker imports Django, on a shared machine
         _healthz(gunicorn, seconds=1, connections=connections)  # every worker imported
         for stock in stocks:
             say(f"healthz: {healthz_seconds:g} s of GET /healthz/live/, {connections} connections")

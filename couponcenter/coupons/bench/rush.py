@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -170,7 +171,7 @@ def run(
     healthz_seconds: float = 5,
     max_seconds: float = 600,
     progress: Progress | None = None,
-    say=lambda message: None,
+    say: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
     """One gunicorn; per stock, its healthz rate and then the rush (see the module's text)."""
     if not shutil.which("wrk"):
@@ -261,27 +262,28 @@ def _rush(
             answered[tid] = int(n)
             progress(what, sum(answered.values()), users)
 
-    started = time.monotonic()
-    meter = CpuMeter(gunicorn)
-    summary, generator_cpu = load_generators.run_wrk_until_done(
-        url=gunicorn.url,
-        script=RUSH_SCRIPT,
-        args=[str(coupon.pk), token, str(USER_ID_BASE), str(users), str(connections)],
-        connections=connections,
-        max_seconds=max_seconds,
-        on_line=on_line,
-    )
-    cpu = meter.used()
-    summary.update(
-        stock=stock,
-        lead_s=opens_mono - started,
-        opens_us=opens_mono * 1e6,
-        started_us=started * 1e6,
-        generator_cpu=generator_cpu,
-        cpu=cpu,
-        audit=audit(coupon_id=coupon.pk),
-    )
-    delete_bench_coupon(coupon.pk)
+    try:
+        started = time.monotonic()
+        meter = CpuMeter(gunicorn)
+        summary, generator_cpu = load_generators.run_wrk_until_done(
+            url=gunicorn.url,
+            script=RUSH_SCRIPT,
+            args=[str(coupon.pk), token, str(USER_ID_BASE), str(users), str(connections)],
+            connections=connections,
+            max_seconds=max_seconds,
+            on_line=on_line,
+        )
+        summary.update(
+            stock=stock,
+            lead_s=opens_mono - started,
+            opens_us=opens_mono * 1e6,
+            started_us=started * 1e6,
+            generator_cpu=generator_cpu,
+            cpu=meter.used(),
+            audit=audit(coupon_id=coupon.pk),
+        )
+    finally:
+        delete_bench_coupon(coupon.pk)
     return summary
 
 

@@ -314,7 +314,7 @@ def _rush_figures(rush: dict[str, Any]) -> list[Figure]:
             Figure(
                 f"{name}: winners (users over their limit: must be 0)",
                 run["winners"],
-                "",
+                "users",
                 "users over their limit",
                 run["users_over_limit"],
                 None,

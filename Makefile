@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 # Development settings for everything started from here (production defaults DEBUG to off).
 export DEBUG ?= 1
 
-.PHONY: install lock run test test-chaos lint format bench clean admin-password
+.PHONY: install lock run test test-chaos lint format bench wrk clean admin-password
 
 # The locked versions (requirements.lock, from `make lock`), installed by uv: a few seconds where
 # pip takes minutes. uv comes from PATH, or is bootstrapped into the venv; pip is the fallback.
@@ -67,8 +67,17 @@ format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: install
+bench: install wrk
 	$(PY) manage.py bench_all
+
+# The HTTP benchmarks' load generator, from Debian's packages.
+wrk:
+	@command -v wrk >/dev/null && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; \
+	else \
+	  echo "wrk is not installed: run 'sudo apt-get install wrk' (Debian/Ubuntu), then make bench again"; exit 1; \
+	fi
 
 clean:
 	rm -rf var/ .pytest_cache .ruff_cache

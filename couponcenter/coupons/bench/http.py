@@ -88,9 +88,10 @@ WRK_PLAIN_SCRIPT = r"""
 function done(summary, latency, requests)
   io.write(string.format(
     'BENCH_JSON {"requests": %d, "duration_us": %d, "errors": %d, "non2xx": %d, ' ..
-    '"p50_us": %d, "p99_us": %d}\n', summary.requests, summary.duration,
+    '"p50_us": %d, "p99_us": %d, "p999_us": %d}\n', summary.requests, summary.duration,
     summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
-    summary.errors.status, latency:percentile(50), latency:percentile(99)))
+    summary.errors.status, latency:percentile(50), latency:percentile(99),
+    latency:percentile(99.9)))
 end
 """
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -28,9 +29,50 @@ def run_wrk(
         cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", duration, "--timeout"]
         cmd += ["10s", "-s", lua.name, url, "--", *args]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        out = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        return _wrk_summary(proc, proc.stdout.read())
+
+
+def run_wrk_until_done(
+    *,
+    url: str,
+    script: str,
+    args: list[str],
+    connections: int,
+    max_seconds: float,
+    on_line: Callable[[str], None] = lambda line: None,
+) -> tuple[dict, float]:
+    """Run wrk with one connection per thread until each thread has printed ``BENCH_DONE``
+    (its share of the work is done), then stop it; returns its BENCH_JSON summary and the CPU
+    seconds wrk itself used. Every line wrk prints goes to ``on_line`` as it comes.
+
+    wrk sleeps its whole ``-d`` even when its threads have stopped; SIGINT ends that sleep, and wrk
+    then prints its summary and runs the script's ``done()``. ``max_seconds`` (the ``-d``) bounds
+    a run whose threads never finish. wrk ignores SIGINT until its threads are started, so a
+    script must not finish within its first moments (the rush's users tap for a second before
+    the coupon opens)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
+        lua.write(script)
+        lua.flush()
+        cmd = ["wrk", "-t", str(connections), "-c", str(connections)]
+        cmd += ["-d", f"{max(1, round(max_seconds))}s", "--timeout", "10s", "-s", lua.name, url]
+        proc = subprocess.Popen(
+            [*cmd, "--", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        out, done = [], 0
+        for line in proc.stdout:
+            out.append(line)
+            on_line(line)
+            if line.startswith("BENCH_DONE "):
+                done += 1
+                if done == connections:  # not reaped until _wrk_summary: the pid is still wrk's
+                    os.kill(proc.pid, signal.SIGINT)
+        return _wrk_summary(proc, "".join(out))
+
+
+def _wrk_summary(proc: subprocess.Popen, out: str) -> tuple[dict, float]:
+    """Reap wrk (its CPU seconds come with it) and read its BENCH_JSON line."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     lines = [line for line in out.splitlines() if line.startswith("BENCH_JSON ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"wrk failed ({proc.returncode}):\n{out[-2000:]}")

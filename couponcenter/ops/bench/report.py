@@ -126,6 +126,7 @@ def figures(result: dict[str, Any]) -> list[Figure]:
                 ratio is not None and ratio >= 0.25,
             )
         )
+    rows += _rush_figures(result.get("rush", {}))
     b = result.get("backlog", {})
     if b:
         small, large = b["sizes"][0], b["sizes"][-1]
@@ -267,6 +268,63 @@ def figures(result: dict[str, Any]) -> list[Figure]:
     return rows
 
 
+def _rush_runs(rush: dict[str, Any]) -> tuple[dict, dict] | tuple[()]:
+    """The rush of mostly refusals (the smallest stock) and of mostly winners (the largest)."""
+    runs = sorted(rush.get("runs", []), key=lambda run: run["stock"])
+    return (runs[0], runs[-1]) if runs else ()
+
+
+def _rush_figures(rush: dict[str, Any]) -> list[Figure]:
+    rows: list[Figure] = []
+    if not _rush_runs(rush):
+        return rows
+    users = f"{rush['users']:,} users"
+    for run, least in zip(
+        _rush_runs(rush), (RUSH_REFUSALS_OF_RAW, RUSH_WINNERS_OF_RAW), strict=True
+    ):
+        name = f"rush: {users}, stock {run['stock']:,}"
+        ratio = run["answers_of_healthz"]
+        rows.append(
+            Figure(
+                f"{name}: every claimer answered",
+                run["answers_per_s"],
+                "/s",
+                "the same gunicorn and wrk on /healthz/live/",
+                run["healthz_per_s"],
+                ratio,
+                f">= {least:.2f} of raw",
+                ratio is not None and ratio >= least,
+            )
+        )
+        rows.append(
+            Figure(
+                f"{name}: p99 / p99.9 answer latency",
+                run["p99_ms"],
+                "ms",
+                "p99.9",
+                run["p999_ms"],
+                None,
+                "p99 <= 250 ms",
+                run["p99_ms"] <= 250,
+            )
+        )
+        rows.append(Figure(f"{name}: time until every claimer had an answer",
+                           run["all_answered_s"], "s"))  # fmt: skip
+        rows.append(
+            Figure(
+                f"{name}: winners (users over their limit: must be 0)",
+                run["winners"],
+                "users",
+                "users over their limit",
+                run["users_over_limit"],
+                None,
+                "= the stock, 0 over the limit",
+                run["exact"],
+            )
+        )
+    return rows
+
+
 # docs/performance.md: the targets as ratios of one run (key -> the minimum).
 RATIO_TARGETS = {
     "reminders_end_to_end_of_raw_inbox": 0.6,
@@ -275,7 +333,11 @@ RATIO_TARGETS = {
     "claims_of_raw_http": 0.25,
     "claim_rate_10m_of_1m": 0.85,
     "timeouts_http_of_raw_receiver": 0.5,
+    "rush_answers_of_raw_http": 0.7,
+    "rush_winners_of_raw_http": 0.5,
 }
+RUSH_REFUSALS_OF_RAW = RATIO_TARGETS["rush_answers_of_raw_http"]
+RUSH_WINNERS_OF_RAW = RATIO_TARGETS["rush_winners_of_raw_http"]
 
 
 def ratios(result: dict[str, Any]) -> dict[str, Any]:
@@ -294,12 +356,16 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
         "claim_rate_10m_of_1m": b.get("claim_rate_growth"),
         "timeouts_http_of_raw_receiver": t.get("burst_ratio_to_raw"),
     }
+    refusals, winners = _rush_runs(result.get("rush", {})) or ({}, {})
+    out["rush_answers_of_raw_http"] = refusals.get("answers_of_healthz")
+    out["rush_winners_of_raw_http"] = winners.get("answers_of_healthz")
     return out
 
 
 def at_a_glance(result: dict[str, Any]) -> dict[str, Any]:
     """The figures docs/performance.md sets absolute targets for, beside the ratios."""
     r, b, t = result.get("reminders", {}), result.get("backlog", {}), result.get("timeouts", {})
+    rush = _rush_runs(result.get("rush", {}))
     return {
         "burst_p99_ms": r.get("burst_p99_ms"),
         "burst_p99_ms_without_prestage": r.get("burst_p99_ms_without_prestage"),
@@ -310,6 +376,8 @@ def at_a_glance(result: dict[str, Any]) -> dict[str, Any]:
         "bytes_per_pending_job": b.get("max_bytes_per_pending"),
         "timeouts_bulk_create_per_s": t.get("bulk_create_jobs_per_s"),
         "fast_topic_p99_ms_beside_slow_topic": t.get("isolation_lateness_p99_ms"),
+        "rush_p99_ms": max((run["p99_ms"] for run in rush), default=None),
+        "rush_exact": all(run["exact"] for run in rush) if rush else None,
     }
 
 

@@ -9,6 +9,8 @@ Each part measures our figure beside the raw limit of the same work in the same 
 - a steady 5,000 reminders/s: p99 and p99.9 lateness;
 - expiry / the bare SQL expiry loop;
 - claims over HTTP / the same gunicorn answering ``/healthz/live/``;
+- the rush (a coupon opens, N users claim it from a second before; stock 1,000 and stock N) / the
+  same gunicorn answering ``/healthz/live/`` under the same wrk settings;
 - cost as the backlog grows: Redis bytes per pending reminder and the claim rate at 1M and 10M;
 - the timeout center: 200,000 http jobs due in one second / a plain client on the same
   receiver, a fast topic's p99 while a slow one is saturated, bulk create and cancel by key;
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -35,6 +38,7 @@ from django.db import connection
 
 from couponcenter.core.redis import get_redis
 from couponcenter.coupons.bench import http as bench_http
+from couponcenter.coupons.bench import rush as bench_rush
 from couponcenter.coupons.bench.progress import Progress
 from couponcenter.ops.bench.report import RATIO_TARGETS, at_a_glance, figures, markdown, ratios
 from expiry import services as expiry_services
@@ -47,6 +51,8 @@ from reminders.bench.raw_inbox import bench_raw_inbox
 from reminders.selectors import reminder_settings_get
 
 STEADY_RATE = 5000
+PARTS = ("expiry", "timeouts", "raw_inbox", "reminders", "claims", "rush", "backlog")
+RUSH_REFUSALS_STOCK = 1_000  # the rush of mostly refusals; the other has a unit for every user
 
 
 def machine() -> dict[str, Any]:
@@ -73,13 +79,22 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _rush(users: int, *, progress: Progress | None, say: Callable[[str], None]) -> dict:
+    stocks = (min(RUSH_REFUSALS_STOCK, users), users)
+    if not shutil.which("wrk"):
+        return {"skipped": "wrk is not installed (apt-get install wrk; make bench does)"}
+    say(f"the rush: {users:,} users, stock {stocks[0]:,} then {stocks[1]:,}, beside /healthz/live/")
+    return bench_rush.run(users=users, stocks=stocks, progress=progress, say=say)
+
+
 def run(
     *,
     count: int = 200_000,
     expiry_count: int = 1_000_000,
     claims_seconds: float = 20,
+    rush_users: int = 20_000,
     peers: bool = True,
-    parts: tuple[str, ...] = ("expiry", "timeouts", "raw_inbox", "reminders", "claims", "backlog"),
+    parts: tuple[str, ...] = PARTS,
     progress: Progress | None = None,
     out_dir: Path | None = None,
     say: Callable[[str], None] = lambda message: None,
@@ -121,6 +136,8 @@ def run(
     if "claims" in parts:
         say(f"claims over HTTP: {claims_seconds:.0f} s, beside /healthz/live/")
         result["claims"] = bench_http.run(seconds=claims_seconds, progress=say)
+    if "rush" in parts:
+        result["rush"] = _rush(rush_users, progress=progress, say=say)
     if "backlog" in parts:
         say("cost as the backlog grows: 1M and 10M pending reminders in Redis")
         result["backlog"] = bench_backlog.run(

@@ -24,6 +24,14 @@ RUN = {
                  "burst_ratio_to_raw": 0.8, "isolation_steady_rate": 200,
                  "isolation_lateness_p99_ms": 45.0, "isolation_lateness_p999_ms": 60.0,
                  "bulk_create_jobs_per_s": 50_000, "cancel_by_key_per_s": 300},
+    "rush": {"users": 20_000, "runs": [
+        {"stock": 20_000, "answers_per_s": 900.0, "healthz_per_s": 3000.0,
+         "answers_of_healthz": 0.3, "p99_ms": 120.0, "p999_ms": 300.0, "all_answered_s": 23.2,
+         "winners": 20_000, "users_over_limit": 0, "exact": True},
+        {"stock": 1_000, "answers_per_s": 2400.0, "healthz_per_s": 3000.0,
+         "answers_of_healthz": 0.8, "p99_ms": 280.0, "p999_ms": 400.0, "all_answered_s": 9.3,
+         "winners": 1_000, "users_over_limit": 0, "exact": True},
+    ]},
 }  # fmt: skip
 
 
@@ -36,6 +44,8 @@ def test_every_performance_target_reads_as_a_ratio_of_the_run():
         "claims_of_raw_http": 0.333,
         "claim_rate_10m_of_1m": 0.889,
         "timeouts_http_of_raw_receiver": 0.8,
+        "rush_answers_of_raw_http": 0.8,  # the smallest stock: mostly refusals
+        "rush_winners_of_raw_http": 0.3,  # the largest: a unit for every user
     }
     assert set(ratios) == set(report.RATIO_TARGETS)
 
@@ -48,6 +58,7 @@ def test_the_absolute_targets_sit_beside_the_ratios():
     assert glance["bytes_per_pending_job"] == 113.5
     assert glance["timeouts_bulk_create_per_s"] == 50_000
     assert glance["fast_topic_p99_ms_beside_slow_topic"] == 45.0
+    assert (glance["rush_p99_ms"], glance["rush_exact"]) == (280.0, True)  # the worse rush
 
 
 def test_a_part_that_did_not_run_has_no_ratio():
@@ -55,9 +66,20 @@ def test_a_part_that_did_not_run_has_no_ratio():
     assert ratios["expiry_of_raw_sql"] == 0.9
     assert ratios["reminders_dispatch_of_raw_lua"] is None
     assert ratios["claim_rate_10m_of_1m"] is None
+    assert ratios["rush_answers_of_raw_http"] is ratios["rush_winners_of_raw_http"] is None
 
 
 def test_the_table_has_both_backlog_claim_paths():
     names = [row.name for row in report.figures(RUN)]
     assert any("claim + settle in parcels" in name for name in names)
     assert any("claim + ack entry by entry" in name for name in names)
+
+
+def test_the_rush_rows_judge_each_stock_against_its_own_target():
+    rows = {row.name: row for row in report.figures(RUN)}
+    refusals = rows["rush: 20,000 users, stock 1,000: every claimer answered"]
+    winners = rows["rush: 20,000 users, stock 20,000: every claimer answered"]
+    assert (refusals.ratio, refusals.target, refusals.met) == (0.8, ">= 0.70 of raw", True)
+    assert (winners.ratio, winners.target, winners.met) == (0.3, ">= 0.50 of raw", False)
+    assert rows["rush: 20,000 users, stock 1,000: p99 / p99.9 answer latency"].met is False
+    assert rows["rush: 20,000 users, stock 20,000: p99 / p99.9 answer latency"].met is True

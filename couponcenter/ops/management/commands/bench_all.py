@@ -8,23 +8,25 @@ from django.core.management.base import BaseCommand, CommandError
 from couponcenter.coupons.bench.progress import progress_bars
 from couponcenter.ops.bench import report, suite
 
-PARTS = ("expiry", "timeouts", "raw_inbox", "reminders", "claims", "backlog")
-
 
 class Command(BaseCommand):
     help = (
         "Run the whole benchmark suite (reminders burst with and without pre-staging, steady "
-        "5,000/s, the bare inbox-write loop, expiry, claims over HTTP, and the peers BullMQ and "
-        "Celery ETA) and write one JSON file and one Markdown table under var/bench/."
+        "5,000/s, the bare inbox-write loop, expiry, claims over HTTP, the rush of claims at a "
+        "coupon's opening, and the peers BullMQ and Celery ETA) and write one JSON file and one "
+        "Markdown table under var/bench/."
     )
 
     def add_arguments(self, parser):
         parser.add_argument("--count", type=int, default=200_000, help="the reminder burst")
         parser.add_argument("--expiry-count", type=int, default=1_000_000)
         parser.add_argument("--claims-seconds", type=float, default=20)
+        parser.add_argument("--rush-users", type=int, default=20_000, help="bench_rush's users")
         parser.add_argument("--no-peers", action="store_true", help="skip BullMQ and Celery ETA")
         parser.add_argument(
-            "--only", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}"
+            "--only",
+            default=",".join(suite.PARTS),
+            help=f"comma-separated, of {', '.join(suite.PARTS)}",
         )
         parser.add_argument("--json", action="store_true", help="print the JSON, not the table")
         parser.add_argument(
@@ -34,7 +36,15 @@ class Command(BaseCommand):
             help="run nothing: one table with the median and range of these earlier runs",
         )
 
-    def handle(self, *args, count: int, expiry_count: int, claims_seconds: float, **options):
+    def handle(
+        self,
+        *args,
+        count: int,
+        expiry_count: int,
+        claims_seconds: float,
+        rush_users: int,
+        **options,
+    ):
         if options["report"]:
             self.stdout.write(report.markdown_spread(_load(options["report"])))
             return
@@ -42,9 +52,11 @@ class Command(BaseCommand):
             raise CommandError("--count must be 1,000..5,000,000, --expiry-count 10,000..1e8")
         if not 1 <= claims_seconds <= 600:
             raise CommandError("--claims-seconds must be within 1..600")
+        if not 1_000 <= rush_users <= 10_000_000:
+            raise CommandError("--rush-users must be within 1,000..10,000,000")
         parts = tuple(p.strip() for p in options["only"].split(",") if p.strip())
-        if not parts or set(parts) - set(PARTS):
-            raise CommandError(f"--only takes {', '.join(PARTS)}; got {options['only']!r}")
+        if not parts or set(parts) - set(suite.PARTS):
+            raise CommandError(f"--only takes {', '.join(suite.PARTS)}; got {options['only']!r}")
         if not settings.DEBUG:
             raise CommandError("bench_all loads and deletes data: run it with DEBUG=1")
         with progress_bars(self.stderr._out) as progress:
@@ -52,6 +64,7 @@ class Command(BaseCommand):
                 count=count,
                 expiry_count=expiry_count,
                 claims_seconds=claims_seconds,
+                rush_users=rush_users,
                 peers=not options["no_peers"],
                 parts=parts,
                 progress=progress,

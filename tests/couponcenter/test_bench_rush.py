@@ -1,0 +1,51 @@
+"""The rush benchmark against a real gunicorn and wrk: a coupon opens a second after the users
+start tapping; every user gets one final answer, the winners are exactly the stock (or every user,
+when the stock is larger), nobody holds two, and the run leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+
+from couponcenter.coupons.models import Coupon, UserCoupon
+from couponcenter.ops.bench import report
+from expiry.models import ExpiryTask
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True),
+    # Under CI=1 a skip fails the run (tests/conftest.py): .ci/run installs wrk.
+    pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed"),
+]
+
+
+def test_a_tiny_rush_answers_every_user_and_sells_exactly_the_stock(settings):
+    settings.DEBUG = True  # the command refuses to load and delete data otherwise
+    before = (Coupon.objects.count(), UserCoupon.objects.count(), ExpiryTask.objects.count())
+    out = StringIO()
+    call_command(
+        "bench_rush", "--users", "300", "--stocks", "50,300", "--connections", "4",
+        "--workers", "1", "--threads", "4", "--healthz-seconds", "1", "--json", stdout=out,
+    )  # fmt: skip
+    result = json.loads(out.getvalue())
+    assert [run["stock"] for run in result["runs"]] == [50, 300]
+    for run in result["runs"]:
+        assert run["winners"] == run["stock"] == run["answers_by_code"]["201"]
+        assert run["users_over_limit"] == 0
+        assert run["answers"] == 300 and run["unanswered"] == 0
+        assert run["answers_by_code"]["sold_out"] == 300 - run["stock"]
+        assert run["answers_by_code"]["errors"] == 0
+        assert run["exact"] is True and run["audit"]["oversell"] is False
+        assert run["healthz_per_s"] > 0 and run["answers_of_healthz"] > 0
+        assert 0 < run["p50_ms"] <= run["p99_ms"] <= run["p999_ms"]
+        # No final answer comes before the opening, which is lead_s after the first tap.
+        assert run["all_answered_s"] >= run["lead_s"] > 0
+    ratios = report.ratios({"rush": result})
+    assert ratios["rush_answers_of_raw_http"] == result["runs"][0]["answers_of_healthz"]
+    assert ratios["rush_winners_of_raw_http"] == result["runs"][1]["answers_of_healthz"]
+    after = (Coupon.objects.count(), UserCoupon.objects.count(), ExpiryTask.objects.count())
+    assert after == before

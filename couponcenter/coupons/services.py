@@ -149,12 +149,21 @@ def _window_refusal(*, coupon: Coupon, now: datetime) -> str | None:
 
 def _refused(code: str, coupon: Coupon | None = None) -> ClaimRefused:
     """The refusal with what a client needs to act on it: when claims open or closed."""
-    if code == "not_open" and coupon is not None:
-        opens = utc_text(coupon.claim_opens_at)
+    if coupon is None:
+        return claim_refused(code)
+    ends = [t for t in (coupon.claim_closes_at, coupon.expires_at) if t is not None]
+    return claim_refused(code, opens_at=coupon.claim_opens_at, closed_at=min(ends, default=None))
+
+
+def claim_refused(
+    code: str, *, opens_at: datetime | None = None, closed_at: datetime | None = None
+) -> ClaimRefused:
+    """A claim's refusal: ``not_open`` says when claims open, ``closed`` when they closed."""
+    if code == "not_open" and opens_at is not None:
+        opens = utc_text(opens_at)
         return ClaimRefused(code, f"Claims open at {opens}.", opens_at=opens)
-    if code == "closed" and coupon is not None:
-        ends = [t for t in (coupon.claim_closes_at, coupon.expires_at) if t is not None]
-        closed = utc_text(min(ends)) if ends else None
+    if code == "closed" and closed_at is not None:
+        closed = utc_text(closed_at)
         return ClaimRefused(code, f"Claims closed at {closed}.", closed_at=closed)
     messages = {
         "cancelled": "The coupon was cancelled.",

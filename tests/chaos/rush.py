@@ -68,6 +68,7 @@ class Rush:
         self.answers = [Answer(user_id=u) for u in users]
         self._next = 0
         self._done = 0
+        self._sending = 0
         self.began = self.ended = 0.0  # time.monotonic() at start and at the last answer
         self._cond = threading.Condition()
         self._threads = [
@@ -87,6 +88,12 @@ class Rush:
     def answered(self) -> int:
         with self._cond:
             return self._done
+
+    @property
+    def all_waiting(self) -> bool:
+        """Whether every client has a request out (none between two, none backing off)."""
+        with self._cond:
+            return self._sending == len(self._threads)
 
     def wait_answered(self, count: int, *, timeout: float = 120) -> int:
         """Block until ``count`` claims have their final answer; returns how many have."""
@@ -121,6 +128,8 @@ class Rush:
                         "127.0.0.1", self.port, timeout=REQUEST_TIMEOUT_S
                     )
                 answer.sent_at = time.monotonic()
+                with self._cond:
+                    self._sending += 1
                 try:
                     status, data = self._post(conn, answer.user_id)
                 except (OSError, http.client.HTTPException) as exc:
@@ -128,6 +137,9 @@ class Rush:
                     conn = None
                     status, data = 0, {}
                     answer.failures.append(type(exc).__name__)
+                finally:
+                    with self._cond:
+                        self._sending -= 1
                 if 0 < status < 500:
                     self._record(answer, status, data)
                     break

@@ -7,9 +7,9 @@ some of them more often than the per-user limit allows, retrying through the fau
 - the test's Redis keys deleted, twice (what a FLUSHDB does to us: the tests share a Redis
   database, each under its own key prefix);
 - a gunicorn worker SIGKILLed while its claims are inside PostgreSQL: the test holds every
-  stock shard of the coupon locked, waits until claims queue on that lock, kills the worker
-  owning them, and only then lets them go on (their commits land with no web process to
-  answer);
+  stock shard of the coupon locked, waits until every client is stuck and claims queue on that
+  lock, kills the worker owning the most of them, and only then lets them go on (their commits
+  land with no web process to answer);
 - PostgreSQL stopped for 10 s and started again: a private cluster of the test's own (the shared
   server on 5432 is never stopped), with a copy of the test database;
 - the coupon cancelled during its rush, and another one's stock raised during its rush.
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -250,6 +249,30 @@ def _claims_behind(dsn: str, locker: int, server: Gunicorn) -> dict[int, list[in
     return owners
 
 
+# Claims queued inside PostgreSQL once every client is stuck on the lock, one statement each: at
+# least 8 (12 connections over 2 workers of 8 threads). Claims committed in groups queue fewer
+# statements (one per group), so past QUEUE_S the kill goes ahead with the claims queued by then.
+QUEUED_ONE_EACH, QUEUE_S = 8, 10
+
+
+def _claims_queued(rush: Rush, dsn: str, locker: int, server: Gunicorn) -> dict[int, list[int]]:
+    """Wait until every client's request is stuck (each is a claim, each claim needs a shard) and
+    claims queue on the lock inside PostgreSQL; ``_claims_behind``'s answer."""
+    full_by = time.monotonic() + QUEUE_S
+    deadline = full_by + 120
+    while True:
+        owners = _claims_behind(dsn, locker, server)
+        queued = sum(len(backends) for backends in owners.values())
+        if (
+            owners
+            and rush.all_waiting
+            and (queued >= QUEUED_ONE_EACH or time.monotonic() > full_by)
+        ):
+            return owners
+        assert time.monotonic() < deadline, f"no claim queued on the shards' locks: {owners}"
+        time.sleep(0.05)  # a poll of pg_stat_activity
+
+
 def _database_ports(worker: int, dsn: str) -> set[int]:
     """The local ports of a worker's connections to the database server."""
     server_port = urlsplit(dsn).port or 5432
@@ -280,12 +303,12 @@ def test_worker_sigkilled_while_its_claims_commit(web, caller, rng):
     rush.wait_answered(len(users) // 3)
 
     with _shards_locked(dsn, coupon.pk) as locker:
-        owners = wait_for(lambda: _claims_behind(dsn, locker, server), timeout=120,
-                          interval=0.05, what="claims waiting on the shards' locks")  # fmt: skip
+        owners = _claims_queued(rush, dsn, locker, server)
         victim, backends = max(owners.items(), key=lambda item: len(item[1]))
         ports = _database_ports(victim, dsn)
-        os.kill(victim, signal.SIGKILL)
-        gone, _ = psutil.wait_procs([psutil.Process(victim)], timeout=30)
+        process = psutil.Process(victim)  # before the kill: its master reaps it at once
+        process.send_signal(signal.SIGKILL)
+        gone, _ = psutil.wait_procs([process], timeout=30)
         assert gone, f"worker {victim} survived its SIGKILL"
         at_kill = rush.answered
     # The killed worker's claims go on inside PostgreSQL, with nobody left to answer; the audit
@@ -297,6 +320,7 @@ def test_worker_sigkilled_while_its_claims_commit(web, caller, rng):
     assert at_kill < len(users), "the kill came after the rush"
     cut = [a for a in answers if any(not f.isdigit() for f in a.failures)]
     assert cut, "no client lost a request to the kill"
+    wait_for(lambda: len(server.worker_pids()) == 2, timeout=120, what="a worker in its place")
     assert victim not in server.worker_pids() and server.proc.poll() is None
     sale = _verdicts(server=server, token=caller, rush=rush, dsn=dsn)
     print(f"killed worker {victim} with {len(backends)} claims in PostgreSQL; "

@@ -468,7 +468,6 @@ def test_user_the_caller_may_not_act_for_is_403_and_reserves_nothing(last_unit):
     _sells_its_last_unit(token, last_unit, END_USER)
 
 
-@pytest.mark.xfail(strict=True, reason="Idempotency-Key lands with t27-idem")
 @pytest.mark.parametrize(
     "key", ["", "k" * 256, "caf\u00e9", "tab\there", "del\x7f"],
     ids=["empty", "too-long", "non-ascii", "control", "del"],

@@ -304,6 +304,21 @@ CLAIM_GROUP_MAX = _env_int("CLAIM_GROUP_MAX", 64, 1, 1000)
 # claim that succeeded still gets its 201 from the key stored on the user coupon.
 CLAIM_IDEMPOTENCY_TTL_S = _env_int("CLAIM_IDEMPOTENCY_TTL_S", 24 * 3600, 1, 30 * 24 * 3600)
 
+# --- The claim gate (couponcenter.coupons.gate, docs/claims.md)
+# Claims are first answered by a script in Redis that holds each coupon's window, stock left and
+# users' counts: refusals never reach PostgreSQL, and the claims let through hold a unit. Off:
+# every claim goes to PostgreSQL, and no gate is built.
+CLAIM_GATE = _env_bool("CLAIM_GATE", True)
+# A hold (a claim let through, not yet settled) older than this is stale: its claim committed or
+# never will, so the reconcile drops it. Longer than any request can take (gunicorn's timeout).
+GATE_HOLD_STALE_S = _env_int("GATE_HOLD_STALE_S", 60, 1, 3600)
+# The reminder worker builds the gates of coupons opening within this many seconds (the hooks of
+# coupon changes build them too; this is for gates Redis lost before the opening).
+GATE_BUILD_AHEAD_S = _env_int("GATE_BUILD_AHEAD_S", 600, 0, 7 * 86_400)
+# How often one process in the fleet (a reminder worker, under a Redis lock) checks the gates and
+# rebuilds those that need it: stale holds, counts that drifted, gates lost or out of date.
+GATE_MAINTAIN_INTERVAL_S = _env_int("GATE_MAINTAIN_INTERVAL_S", 10, 1, 3600)
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "Coupon Center API",
     "DESCRIPTION": "Coupons, claims, on-the-second reminders, generic timeouts and operations.",

@@ -21,6 +21,7 @@ from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
@@ -33,7 +34,7 @@ from couponcenter.core.time import utc_text
 # statement writes the claim's ExpiryTask in the same transaction.
 from expiry.models import ExpiryTask
 
-from . import rules, selectors, signals, stock
+from . import gate, rules, selectors, signals, stock
 from .models import MAX_PER_USER_LIMIT, Coupon, CouponStockShard, UserCoupon
 from .rules import ClaimRefused, CouponStateError, RedeemRefused
 
@@ -93,6 +94,7 @@ def coupon_create(
     with transaction.atomic():
         coupon.save()
         stock.stock_shards_create(coupon=coupon)
+        _gate_build_on_commit(coupon.pk)
     return coupon
 
 
@@ -112,6 +114,7 @@ def coupon_update(*, coupon: Coupon, **fields: Any) -> Coupon:
             raise CouponStateError("cancelled", "A cancelled coupon cannot be changed.")
         shards = stock.stock_lock(coupon=coupon)
         before = (coupon.claim_opens_at, coupon.reminder_lead)
+        gate_before = [getattr(coupon, name) for name in gate.GATE_COUPON_FIELDS]
         stock_before = coupon.total_stock
         for name, value in fields.items():
             setattr(coupon, name, value)
@@ -126,6 +129,8 @@ def coupon_update(*, coupon: Coupon, **fields: Any) -> Coupon:
         )
         if reason:
             signals.coupon_unclaimable.send(sender=Coupon, coupon=coupon, reason=reason)
+        if [getattr(coupon, name) for name in gate.GATE_COUPON_FIELDS] != gate_before:
+            _gate_build_on_commit(coupon.pk)
     return coupon
 
 
@@ -139,8 +144,18 @@ def coupon_cancel(*, coupon: Coupon) -> Coupon:
             locked.status = Coupon.Status.CANCELLED
             locked.save(update_fields=["status", "claimed_count", "updated_at"])
             signals.coupon_cancelled.send(sender=Coupon, coupon=locked)
+            _gate_build_on_commit(locked.pk)
     coupon.refresh_from_db()
     return coupon
+
+
+def _gate_build_on_commit(coupon_id: int) -> None:
+    """Rebuild the coupon's claim gate once the change is committed (``robust``: a failed build
+    is logged, never the change's error; gates_maintain sees the gate is out of date and builds
+    it again). A redeem changes nothing the gate holds: ``per_user_limit`` counts the claims a
+    user ever made, not the coupons they still hold, so redeems call nothing here."""
+    if settings.CLAIM_GATE:
+        transaction.on_commit(functools.partial(gate.gate_build, coupon_id=coupon_id), robust=True)
 
 
 def _window_refusal(*, coupon: Coupon, now: datetime) -> str | None:

@@ -5,7 +5,8 @@
   pending jobs due within ``RECONCILE_WINDOW_S`` from the database every ``RECONCILE_EVERY_S``, so
   a Redis restart or flush loses nothing, and removes the entries in that window whose row is
   final (``services.orphans``: a subscribe/unsubscribe race can index a cancelled row); in the
-  worker process it runs in a thread of its own, off the dispatch loop;
+  worker process it runs in a thread of its own, off the dispatch loop; and the claim gates'
+  upkeep (``GateUpkeep``);
 - backpressure: claiming of reminders pauses while the Celery delivery queue is deeper than
   ``ReminderSettings.max_delivery_queue`` (the backlog waits in Redis, where it is safe);
 - errors close stale database connections so a restarted PostgreSQL is picked up again.
@@ -27,6 +28,7 @@ from django.utils import timezone
 
 from couponcenter.core import __version__
 from couponcenter.core.redis import get_redis
+from couponcenter.coupons.gate import gates_maintain, gates_maintain_turn
 from reminders import metrics, services
 from reminders.engine import keys
 from reminders.engine.dispatcher import Dispatcher, Hooks
@@ -140,6 +142,55 @@ class Reconciler:
         logger.debug("reconcile took %.3f s", time.perf_counter() - started)
 
 
+class GateUpkeep:
+    """The claim gates' upkeep (``couponcenter.coupons.gate.gates_maintain``): gates built before
+    their coupon opens, stale holds dropped, counts reconciled with PostgreSQL, gates Redis lost
+    built again, every ``GATE_MAINTAIN_INTERVAL_S``.
+
+    Why here: the reminder worker is the one process every deployment runs all the time (the
+    Procfile, docs/operations.md) that already keeps Redis in step with the database on a
+    schedule; a web process lives by requests and may be recycled, and Celery's beat is not
+    deployed. The dispatcher runs it under its ``housekeeping`` lease, and ``gates_maintain_turn``
+    (a Redis key that lapses after the interval) makes it one round per interval across the
+    fleet, even while the lease moves between workers. ``background``: in a thread of its own
+    (the worker process), since a rebuild reads every claim of a coupon; one at a time.
+    """
+
+    def __init__(self, *, background: bool = False) -> None:
+        self._pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-upkeep")
+            if background
+            else None
+        )
+        self._running: Future | None = None
+
+    def __call__(self) -> Future | None:
+        if not settings.CLAIM_GATE:
+            return None
+        if self._running is not None and not self._running.done():
+            return None
+        if not gates_maintain_turn():
+            return None
+        if self._pool is None:
+            gates_maintain()
+            return None
+        self._running = self._pool.submit(self._in_background)
+        return self._running
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _in_background(self) -> list[int]:
+        try:
+            return gates_maintain()
+        except Exception:
+            logger.exception("claim gates' upkeep failed; it runs again in its next turn")
+            raise
+        finally:
+            connection.close()  # this thread's own
+
+
 class DeliveryBackpressure:
     """Claim reminders only while the Celery delivery queue is shallower than the configured
     limit; the depth is read at most every ``every_s`` seconds (one LLEN)."""
@@ -213,12 +264,13 @@ def build_worker(
         generic.executors.close()
         raise ValueError(f"unknown topics {sorted(names - known)}; known: {sorted(known)}")
     reconciler = Reconciler(background=threaded)
+    gate_upkeep = GateUpkeep(background=threaded)
     hooks = Hooks(
         may_claim=DeliveryBackpressure(),
         budget=ClaimBudget(generic),
-        housekeeping=[reconciler],
+        housekeeping=[reconciler, gate_upkeep],
         on_error=_on_error,
-        on_shutdown=[generic.executors.close, reconciler.close],
+        on_shutdown=[generic.executors.close, reconciler.close, gate_upkeep.close],
         handed_counts=generic.executors.counts,
         load=generic.executors.load,
     )

@@ -129,10 +129,9 @@ def _verdicts(*, server: Gunicorn, token: str, rush: Rush, dsn: str,
     sale = sale_of(dsn, coupon_id)
     print(f"{_took(rush)}: {dict(statuses(answers))}; {len(sale.rows)} rows")
     assert_sale_exact(sale, answers)
-    # TODO(coordinator): once t27-gate is merged, enable the gate's verdict here:
-    #     assert_gate_consistent(coupon_id=coupon_id, dsn=dsn, sale=sale)
-    # It runs the reconcile, which also gives back the holds of a killed worker's requests; the
-    # sell-out below needs those units back.
+    # The reconcile also gives back the holds of a killed worker's requests; the sell-out below
+    # needs those units back.
+    assert_gate_consistent(coupon_id=coupon_id, dsn=dsn, sale=sale)
     if not sell_out:
         return sale
     rest = sale.total_stock - len(sale.rows)
@@ -151,10 +150,7 @@ def assert_gate_consistent(*, coupon_id: int, dsn: str, sale: Sale) -> None:
     """After a reconcile the gate agrees with PostgreSQL: ``taken`` is the units claimed, each
     user's count is that user's claims, and no hold is left.
 
-    For the coordinator: NOT called yet (couponcenter.coupons.gate lands with t27-gate); enable
-    it where ``_verdicts`` says. (Checked once against t27-gate's work in progress, gate_build
-    from PostgreSQL without the claim wired to the gate: it passed in the flush and the outage
-    test.) The reconcile is ``gate_build`` in a process on ``dsn`` (the private server's too),
+    The reconcile is ``gate_build`` in a process on ``dsn`` (the private server's too),
     with ``GATE_HOLD_STALE_S`` at 0: the rush is over, so every hold left belongs to a request
     that will never settle it (a killed worker's).
     """

@@ -37,7 +37,7 @@ from couponcenter.core.api.pagination import Pagination, paginated_response
 from couponcenter.core.api.permissions import ActsForUser, can_act_for
 from couponcenter.core.api.schema import USER_COUPON_ID, USER_ID
 from couponcenter.core.api.throttling import BatchedFixedWindowScopedThrottle
-from couponcenter.coupons import selectors, services
+from couponcenter.coupons import claiming, selectors, services
 from couponcenter.coupons.api import idempotency
 from couponcenter.coupons.models import IDEMPOTENCY_KEY_MAX_LENGTH, Coupon, UserCoupon
 from couponcenter.coupons.rules import ClaimRefused
@@ -115,7 +115,7 @@ def _claim(*, coupon_id: int, user_id: int, idempotency_key: str | None) -> Resp
     """
     now = timezone.now()
     try:
-        user_coupon = services.coupon_claim(
+        user_coupon = claiming.coupon_claim_gated(
             coupon_id=coupon_id, user_id=user_id, now=now, idempotency_key=idempotency_key
         )
     except Coupon.DoesNotExist:

@@ -51,6 +51,8 @@ LATENESS_BUCKETS_MS = (
     600_000,
     10**12,
 )
+# The last closed edge: a lateness past it is only known to be past it.
+OPEN_FROM_MS = LATENESS_BUCKETS_MS[-2]
 
 EVENTS = Counter("couponcenter_reminder_events_total", "Reminder events", ["topic", "event"])
 LATENESS = Histogram(
@@ -177,7 +179,8 @@ def bucket_bounds(upper_ms: float) -> tuple[int, int]:
 
 def percentile(hist: Mapping[int, int], q: float) -> int | None:
     """The ``q`` quantile in ms, interpolated linearly inside its bucket (samples taken as spread
-    evenly over it); the open last bucket answers its lower edge. None without samples."""
+        evenly over it); the open last bucket answers one past its lower edge (``OPEN_FROM_MS + 1``:
+    later than that edge, by how much no bucket says). None without samples."""
     total = sum(hist.values())
     if not total:
         return None
@@ -189,10 +192,15 @@ def percentile(hist: Mapping[int, int], q: float) -> int | None:
             if high != bound:  # a bound from an older bucket layout: no interpolation
                 return bound
             if bound == LATENESS_BUCKETS_MS[-1]:
-                return low
+                return low + 1
             return round(low + (high - low) * max(rank - seen, 0) / n)
         seen += n
     return max(hist)
+
+
+def past_buckets(lateness_ms: int | None) -> bool:
+    """Whether a lateness (from ``percentile``) lies in the open last bucket."""
+    return lateness_ms is not None and lateness_ms > OPEN_FROM_MS
 
 
 def count(topic: str, name: str, *, minutes: int = 60, now: float | None = None) -> int:

@@ -153,6 +153,11 @@ class Lateness:
     p99_ms: int | None
     p99_bucket_ms: tuple[int, int] | None  # (lower, upper) edges around p99
 
+    @property
+    def past_buckets(self) -> bool:
+        """p99 lies in the open last bucket: later than its edge, by an unknown amount."""
+        return metrics.past_buckets(self.p99_ms)
+
 
 def recent_lateness(series: dict[str, list[dict]], *, minutes: int = RECENT_MINUTES) -> Lateness:
     hist = metrics.merged(row for rows in series.values() for row in rows[-minutes:])

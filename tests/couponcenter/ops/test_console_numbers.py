@@ -5,12 +5,14 @@ The browser check of the same pages is tests/e2e/test_console_trust_browser.py."
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pytest
 from django.test import Client
 from django.utils import formats, timezone
 
+from reminders import metrics
+from reminders.members import REMINDER_TOPIC
 from reminders.models import TimeoutJob
 from reminders.services import timeout_job_create
 from tests.support.factories import UserFactory
@@ -35,6 +37,12 @@ def job(reminder_settings) -> TimeoutJob:
     )
 
 
+def topic_row(page: str, topic: str) -> str:
+    """The console's timeout-topics table row of ``topic``."""
+    table = re.search(r'id="cc-timeout-topics".*?</table>', page, re.S).group(0)
+    return re.search(rf'<tr data-topic="{re.escape(topic)}">.*?</tr>', table, re.S).group(0)
+
+
 # --- times ---------------------------------------------------------------------------------------
 
 
@@ -52,3 +60,27 @@ def test_a_date_renders_with_seconds_in_the_operators_zone_with_its_name(staff, 
     with timezone.override("Europe/Paris"):
         shown = formats.localize(timezone.template_localtime(job.action_time))
     assert shown == "2031-03-04 13:37:45 CET"
+
+
+# --- lateness ------------------------------------------------------------------------------------
+
+
+def test_lateness_past_the_last_bucket_reads_more_than_ten_minutes(staff, reminder_settings):
+    three_days_ms = 3 * 86_400_000
+    metrics.record(REMINDER_TOPIC, {"delivered": 3}, [three_days_ms] * 3)
+    metrics.record("timeout.default", {"delivered": 3}, [three_days_ms] * 3)
+    page = staff.get("/admin/console/").content.decode()
+    card = re.search(r'id="cc-p99".*?</div>\s*</div>', page, re.S).group(0)
+    assert "&gt; 10 min" in card and "10 min 0 s" not in card
+    assert "past the histogram's last bucket" in card
+    row = topic_row(page, "timeout.default")
+    assert "&gt; 10 min / &gt; 10 min" in row
+    assert "p99 delivery lateness is &gt; 10 min" in page  # the warning banner
+
+
+def test_lateness_inside_the_buckets_still_reads_as_a_duration(staff, reminder_settings):
+    metrics.record(REMINDER_TOPIC, {"delivered": 100}, [400_000] * 100)  # 5-10 min bucket
+    card = re.search(
+        r'id="cc-p99".*?</div>\s*</div>', staff.get("/admin/console/").content.decode(), re.S
+    ).group(0)
+    assert re.search(r">\d+ min \d+ s<", card) and "&gt;" not in card

@@ -248,8 +248,8 @@ class TimeoutTopicRow:
     lateness_p99_ms: int | None
     hour: dict[str, int]  # delivered, failed, dead in the last hour
     rate_limit_per_s: int
-    tokens: float | None  # in the bucket now (None: no limit, or not used yet)
-    throttled: int  # claims cut short by the limit, since the bucket was made
+    tokens: float | None  # in the bucket now (None: no limit)
+    throttled: int  # due jobs held back by the limit (per claim), since the bucket was made
     in_flight: int  # over the live workers' executors
     capacity: int
 
@@ -277,7 +277,11 @@ def timeout_topic_rows(
     for name, spec in timeout_topic_specs().items():
         recent = recent_lateness({name: series.get(name, [])})
         hour = {n: sum(r[n] for r in series.get(name, [])) for n in ("delivered", "failed", "dead")}
-        bucket = rates.state(name) if spec.rate_limit_per_s else None
+        bucket = (
+            rates.state(name, spec.rate_limit_per_s, now_ms=at_ms)
+            if spec.rate_limit_per_s
+            else None
+        )
         in_flight, capacity = load.get(name, [0, 0])
         rows.append(
             TimeoutTopicRow(

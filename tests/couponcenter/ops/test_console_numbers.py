@@ -12,9 +12,11 @@ from django.test import Client
 from django.utils import formats, timezone
 
 from reminders import metrics
+from reminders.engine import rates
+from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC
-from reminders.models import TimeoutJob
-from reminders.services import timeout_job_create
+from reminders.models import TimeoutJob, TimeoutTopic
+from reminders.services import timeout_job_create, timeout_topic_save
 from tests.support.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -84,3 +86,19 @@ def test_lateness_inside_the_buckets_still_reads_as_a_duration(staff, reminder_s
         r'id="cc-p99".*?</div>\s*</div>', staff.get("/admin/console/").content.decode(), re.S
     ).group(0)
     assert re.search(r">\d+ min \d+ s<", card) and "&gt;" not in card
+
+
+# --- rate limit ----------------------------------------------------------------------------------
+
+
+def test_the_rate_limit_cell_shows_jobs_held_back_and_tokens_as_of_now(staff, reminder_settings):
+    timeout_topic_save(topic=TimeoutTopic(name="t.limit"), type="log", rate_limit_per_s=100)
+    # Emptied a minute ago: refilled to the burst (10) since; the 40 refused tokens held no job.
+    assert rates.take("t.limit", 100, 50, now_ms=epoch_ms() - 60_000) == 10
+    assert rates.take("t.limit", 100, 40, now_ms=epoch_ms() - 60_000) == 0
+    row = topic_row(staff.get("/admin/console/").content.decode(), "t.limit")
+    assert ">10 tokens<" in row
+    assert ">0 jobs held back<" in row
+    rates.held_back("t.limit", 3)
+    row = topic_row(staff.get("/admin/console/").content.decode(), "t.limit")
+    assert ">3 jobs held back<" in row

@@ -250,8 +250,10 @@ class TimeoutTopicRow:
     rate_limit_per_s: int
     tokens: float | None  # in the bucket now (None: no limit)
     throttled: int  # due jobs held back by the limit (per claim), since the bucket was made
-    in_flight: int  # over the live workers' executors
-    capacity: int
+    in_flight: int  # jobs taken in by the live workers' executors (firing, waiting or held)
+    capacity: int  # how many they take in at most (their queues, not their threads)
+    threads: int  # the executors' threads (the topic's concurrency, summed over workers)
+    workers: int  # live workers running an executor of the topic
 
     @property
     def saturation_pct(self) -> int:
@@ -269,10 +271,12 @@ def timeout_topic_rows(
     for w in leases.list_workers():
         if at_ms - w.heartbeat_ms > settings.WORKER_LEASE_MS:
             continue
-        for topic, (in_flight, capacity) in (w.load or {}).items():
-            total = load.setdefault(topic, [0, 0])
-            total[0] += in_flight
-            total[1] += capacity
+        for topic, figures in (w.load or {}).items():
+            # [in flight, capacity, threads]; a worker of an older version sends no threads.
+            total = load.setdefault(topic, [0, 0, 0, 0])
+            for i, n in enumerate(figures[:3]):
+                total[i] += n
+            total[3] += 1
     rows = []
     for name, spec in timeout_topic_specs().items():
         recent = recent_lateness({name: series.get(name, [])})
@@ -282,7 +286,7 @@ def timeout_topic_rows(
             if spec.rate_limit_per_s
             else None
         )
-        in_flight, capacity = load.get(name, [0, 0])
+        in_flight, capacity, threads, running = load.get(name, [0, 0, 0, 0])
         rows.append(
             TimeoutTopicRow(
                 name=name,
@@ -299,6 +303,8 @@ def timeout_topic_rows(
                 throttled=bucket.throttled if bucket else 0,
                 in_flight=in_flight,
                 capacity=capacity,
+                threads=threads,
+                workers=running,
             )
         )
     return rows

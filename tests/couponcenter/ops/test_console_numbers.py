@@ -5,17 +5,19 @@ The browser check of the same pages is tests/e2e/test_console_trust_browser.py."
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.test import Client
 from django.utils import formats, timezone
 
+from couponcenter.ops import charts
 from reminders import metrics
-from reminders.engine import rates
+from reminders.engine import leases, rates
 from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC
 from reminders.models import TimeoutJob, TimeoutTopic
+from reminders.runtime.worker import build_worker
 from reminders.services import timeout_job_create, timeout_topic_save
 from tests.support.factories import UserFactory
 
@@ -102,3 +104,65 @@ def test_the_rate_limit_cell_shows_jobs_held_back_and_tokens_as_of_now(staff, re
     rates.held_back("t.limit", 3)
     row = topic_row(staff.get("/admin/console/").content.decode(), "t.limit")
     assert ">3 jobs held back<" in row
+
+
+# --- counts --------------------------------------------------------------------------------------
+
+
+def test_executors_show_threads_apart_from_what_they_take_in(staff, reminder_settings):
+    timeout_topic_save(topic=TimeoutTopic(name="t.exec"), type="log", concurrency=8)
+    for n, (in_flight, capacity) in enumerate([(3, 8000), (0, 8000)]):
+        leases.heartbeat(
+            leases.WorkerInfo(
+                worker_id=f"w{n}",
+                heartbeat_ms=epoch_ms(),
+                load={"t.exec": [in_flight, capacity, 8]},
+            )
+        )
+    row = topic_row(staff.get("/admin/console/").content.decode(), "t.exec")
+    assert re.search(r'class="cc-threads">16 in 2 workers<', row)
+    assert re.search(r'class="cc-taken-in[^"]*"[^>]*>3 / 16000 \(0%\)<', row)
+
+
+def test_a_timeout_topic_counts_what_it_dispatched(
+    staff, reminder_settings, django_capture_on_commit_callbacks
+):
+    timeout_topic_save(topic=TimeoutTopic(name="t.count"), type="log")
+    with django_capture_on_commit_callbacks(execute=True):
+        for i in range(3):
+            timeout_job_create(
+                topic="t.count",
+                biz_type="order",
+                biz_id=f"C-{i}",
+                action_time=timezone.now() - timedelta(seconds=1),
+            )
+    worker = build_worker(["t.count"])
+    try:
+        worker.run_until_idle()
+    finally:
+        worker.shutdown()
+    assert metrics.totals("t.count")["dispatched"] == 3
+    page = staff.get("/admin/console/").content.decode()
+    assert re.search(
+        r"<h3>t\.count <small>\([^)]*: 3 dispatched, 3 delivered, 0 failed, 0 dead", page
+    )
+
+
+def _drawn(svg: str) -> list[str]:
+    """The chart's lines in drawing order (the last drawn is on top)."""
+    return list(dict.fromkeys(re.findall(r'<(?:polyline|circle)[^>]*data-line="(\w+)"', svg)))
+
+
+def test_the_count_chart_has_dead_and_lines_at_zero_hide_nothing():
+    rows = [
+        {"minute": 60 * m, "dispatched": 5, "delivered": 3, "failed": 0, "dead": 2, "dropped": 0}
+        for m in range(4)
+    ]
+    svg = charts.line_chart(rows, charts.COUNT_LINES, title="t", under_first=True)
+    assert 'data-key="dead"' in svg and 'data-line="dead"' in svg
+    order = _drawn(svg)
+    # failed and dropped stay at zero: drawn first, beneath the lines with counts.
+    assert set(order[:2]) == {"failed", "dropped"}
+    assert order[2:] == ["dispatched", "delivered", "dead"]
+    # the legend keeps its order
+    assert re.findall(r'data-key="(\w+)"', svg) == [k for k, _, _ in charts.COUNT_LINES]

@@ -166,3 +166,35 @@ def test_the_count_chart_has_dead_and_lines_at_zero_hide_nothing():
     assert order[2:] == ["dispatched", "delivered", "dead"]
     # the legend keeps its order
     assert re.findall(r'data-key="(\w+)"', svg) == [k for k, _, _ in charts.COUNT_LINES]
+
+
+# --- topics list ---------------------------------------------------------------------------------
+
+
+def test_the_topics_list_shows_built_in_topics_backlog_and_a_plain_state(
+    staff, reminder_settings, django_capture_on_commit_callbacks
+):
+    timeout_topic_save(topic=TimeoutTopic(name="t.listed"), type="log", slots=1)
+    timeout_topic_save(topic=TimeoutTopic(name="t.paused"), type="log", paused=True)
+    with django_capture_on_commit_callbacks(execute=True):
+        for i in range(4):
+            timeout_job_create(
+                topic="t.listed",
+                biz_type="order",
+                biz_id=f"L-{i}",
+                action_time=timezone.now() + timedelta(seconds=-1 if i < 3 else 3600),
+            )
+        timeout_job_create(
+            topic="order.close", biz_type="order", biz_id="B-1", action_time=timezone.now()
+        )
+    page = staff.get("/admin/reminders/timeouttopic/").content.decode()
+    row = re.search(r"<tr>(?:(?!</tr>).)*?t\.listed(?:(?!</tr>).)*</tr>", page, re.S).group(0)
+    assert ">4 / 3 / 0 / 0<" in row  # scheduled / due / in flight / dead
+    assert "running" in row and "icon-no" not in row
+    paused = re.search(r"<tr>(?:(?!</tr>).)*?t\.paused(?:(?!</tr>).)*</tr>", page, re.S).group(0)
+    assert "PAUSED" in paused
+    builtin = re.search(r'id="builtin-topics".*?</table>', page, re.S).group(0)
+    for name in ("order.close", "timeout.default"):
+        assert f'data-topic="{name}"' in builtin
+    order_close = re.search(r'data-topic="order.close">.*?</tr>', builtin, re.S).group(0)
+    assert 'class="cc-backlog">1 / 1 / 0 / 0<' in order_close

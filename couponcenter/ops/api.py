@@ -145,6 +145,9 @@ class DeadLetterSerializer(serializers.Serializer):
     topic = serializers.CharField()
     slot = serializers.IntegerField()
     job_id = serializers.CharField()
+    business_key = serializers.CharField(
+        help_text="A timeout job's type:id, a reminder's coupon and user; empty if the row is gone."
+    )
     user_id = serializers.IntegerField(allow_null=True)
     attempts = serializers.IntegerField()
     last_error = serializers.CharField()

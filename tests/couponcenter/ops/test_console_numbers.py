@@ -19,6 +19,7 @@ from reminders.members import REMINDER_TOPIC
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.runtime.worker import build_worker
 from reminders.services import timeout_job_create, timeout_topic_save
+from tests.support.console import kill_reminders, kill_timeout_jobs, member, overdue_reminders
 from tests.support.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -198,3 +199,34 @@ def test_the_topics_list_shows_built_in_topics_backlog_and_a_plain_state(
         assert f'data-topic="{name}"' in builtin
     order_close = re.search(r'data-topic="order.close">.*?</tr>', builtin, re.S).group(0)
     assert 'class="cc-backlog">1 / 1 / 0 / 0<' in order_close
+
+
+# --- dead letters --------------------------------------------------------------------------------
+
+
+def dead_row(page: str, key: str) -> str:
+    """The dead-letter list's row of ``topic|slot|job id``."""
+    rows = re.findall(r"<tr data-job=.*?</tr>", page, re.S)
+    return next(row for row in rows if f'value="{key}"' in row)
+
+
+def test_dead_letters_show_the_business_key_and_link_the_row(
+    staff, reminder_settings, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        job = timeout_job_create(
+            topic="timeout.default", biz_type="order", biz_id="D-9", action_time=timezone.now()
+        )
+        subs = overdue_reminders([7001])
+    kill_timeout_jobs([job])
+    kill_reminders(subs)
+    page = staff.get("/admin/reminders/deadletter/").content.decode()
+    job_row = dead_row(page, f"timeout.default|{job.slot}|{job.pk}")
+    assert '<td class="dl-key">order:D-9</td>' in job_row
+    assert f'href="/admin/reminders/timeoutjob/{job.pk}/change/"' in job_row
+    sub = subs[0]
+    sub_row = dead_row(page, f"{REMINDER_TOPIC}|{sub.slot}|{member(sub)}")
+    assert f'<td class="dl-key">coupon {sub.coupon_id}, user 7001</td>' in sub_row
+    assert f'href="/admin/reminders/remindersubscription/{sub.pk}/change/"' in sub_row
+    api = staff.get("/api/ops/dead-letters/", {"topic": "timeout.default"}).json()
+    assert [r["business_key"] for r in api["results"]] == ["order:D-9"]

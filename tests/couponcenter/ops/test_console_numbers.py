@@ -230,3 +230,17 @@ def test_dead_letters_show_the_business_key_and_link_the_row(
     assert f'href="/admin/reminders/remindersubscription/{sub.pk}/change/"' in sub_row
     api = staff.get("/api/ops/dead-letters/", {"topic": "timeout.default"}).json()
     assert [r["business_key"] for r in api["results"]] == ["order:D-9"]
+
+
+def test_times_written_by_the_console_templates_carry_the_zone(
+    staff, reminder_settings, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        subs = overdue_reminders([7101])
+    kill_reminders(subs)
+    dead = staff.get("/admin/reminders/deadletter/").content.decode()
+    assert SECONDS_AND_ZONE.search(
+        dead_row(dead, f"{REMINDER_TOPIC}|{subs[0].slot}|{member(subs[0])}")
+    )
+    console = staff.get("/admin/console/").content.decode()
+    assert re.search(r'id="cc-updated">\d\d:\d\d:\d\d UTC<', console)

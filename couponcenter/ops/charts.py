@@ -178,6 +178,10 @@ COUNT_LINES = (
     ("dead", "dead", "#c62828"),
     ("dropped", "dropped", "#8e24aa"),
 )
+BACKLOG_LINES = (
+    ("backlog", "scheduled", "#417690"),
+    ("overdue", "overdue", "#c62828"),
+)
 COUNTED = tuple(name for name, *_ in COUNT_LINES)
 LATENESS_LINES = (
     ("lateness_p50_ms", "p50", "#1565c0"),

@@ -5,6 +5,7 @@ The browser check of the same pages is tests/e2e/test_console_trust_browser.py."
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -17,8 +18,8 @@ from reminders.engine import leases, rates
 from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC
 from reminders.models import TimeoutJob, TimeoutTopic
-from reminders.runtime.worker import build_worker
-from reminders.services import timeout_job_create, timeout_topic_save
+from reminders.runtime.worker import BacklogSampler, build_worker
+from reminders.services import timeout_job_cancel, timeout_job_create, timeout_topic_save
 from tests.support.console import kill_reminders, kill_timeout_jobs, member, overdue_reminders
 from tests.support.factories import UserFactory
 
@@ -244,3 +245,79 @@ def test_times_written_by_the_console_templates_carry_the_zone(
     )
     console = staff.get("/admin/console/").content.decode()
     assert re.search(r'id="cc-updated">\d\d:\d\d:\d\d UTC<', console)
+
+
+# --- the queue page ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def queued(reminder_settings, django_capture_on_commit_callbacks):
+    """t.queue: 3 overdue jobs, 2 due later, one of them cancelled; one dead."""
+    timeout_topic_save(topic=TimeoutTopic(name="t.queue"), type="log", slots=2)
+    at = [-5, -5, -5, 600, 600, -5]
+    with django_capture_on_commit_callbacks(execute=True):
+        jobs = [
+            timeout_job_create(
+                topic="t.queue",
+                biz_type="order",
+                biz_id=f"Q-{i}",
+                action_time=timezone.now() + timedelta(seconds=s),
+            )
+            for i, s in enumerate(at)
+        ]
+        timeout_job_cancel(job=jobs[4])
+    kill_timeout_jobs([jobs[5]])
+    return jobs
+
+
+def test_the_backlog_sampler_feeds_the_backlog_over_time(queued):
+    BacklogSampler(every_s=0)()
+    row = metrics.series("t.queue", minutes=1)[-1]
+    assert (row["backlog"], row["overdue"]) == (4, 3)  # the cancelled one left, the dead one too
+    assert metrics.series("t.nothing", minutes=1)[-1]["backlog"] is None  # no sample: a gap
+
+
+def test_the_queue_page_shows_the_backlog_now_and_over_time(staff, queued):
+    now = time.time()
+    for minutes_ago, n in ((3, 9), (2, 7), (1, 5)):
+        metrics.sample_backlog("t.queue", backlog=n, overdue=n - 2, now=now - 60 * minutes_ago)
+    page = staff.get("/admin/console/queue/t.queue/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert re.search(r'id="q-store">4<', html) and re.search(r'id="q-due">3<', html)
+    assert re.search(r'id="q-dead">1<', html)
+    chart = re.search(r"<svg[^>]*aria-label=\"t.queue: backlog[^\"]*\".*?</svg>", html, re.S)
+    assert chart and 'data-line="backlog"' in chart.group(0)
+    assert 'data-line="overdue"' in chart.group(0)
+    assert staff.get("/admin/console/queue/no.such/").status_code == 404
+    console = staff.get("/admin/console/").content.decode()
+    assert 'href="/admin/console/queue/t.queue/"' in console
+
+
+def test_the_queue_page_filters_its_jobs(staff, queued):
+    def listed(**query) -> list[str]:
+        html = staff.get("/admin/console/queue/t.queue/", query).content.decode()
+        return re.findall(r'<tr data-job="(\d+)">', html)
+
+    ids = [str(j.pk) for j in queued]
+    assert listed() == ids[::-1]  # newest first
+    assert listed(status="pending") == ids[3::-1]
+    assert listed(status="cancelled") == [ids[4]]
+    assert listed(status="dead") == [ids[5]]
+    assert listed(q="order:Q-2") == [ids[2]]
+    assert listed(q=ids[1]) == [ids[1]]
+
+
+def test_the_queue_pages_bulk_action_acts_on_its_topic_only(staff, queued):
+    timeout_job_create(
+        topic="timeout.default", biz_type="order", biz_id="other", action_time=timezone.now()
+    )
+    html = staff.get("/admin/console/queue/t.queue/", {"status": "pending"}).content.decode()
+    action = re.search(r'<form method="post" action="([^"]+)" id="q-jobs-form">', html).group(1)
+    action = action.replace("&amp;", "&")
+    form = {"action": "cancel_jobs", "select_across": "1", "index": "0", "_selected_action": []}
+    confirm = staff.post(action, {**form, "_selected_action": [str(queued[0].pk)]})
+    assert 'id="tj-confirm-count">4<' in confirm.content.decode()  # every pending job of t.queue
+    staff.post(action, {**form, "_selected_action": [str(queued[0].pk)], "post": "yes"})
+    left = TimeoutJob.objects.filter(status=TimeoutJob.Status.PENDING)
+    assert list(left.values_list("biz_id", flat=True)) == ["other"]

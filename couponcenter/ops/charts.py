@@ -64,8 +64,12 @@ def _nice_duration_max(ms: float) -> float:
     return _nice_max(ms / size) * size
 
 
-def _line(rows, key: str, colour: str, x, y, *, under: bool) -> list[str]:
-    """One line's SVG: a polyline per run of values (None breaks it), a dot for a lone value."""
+DASH = 6  # px of each flat line's turn along the axis
+
+
+def _line(rows, key: str, colour: str, x, y, *, under: bool, turn=None) -> list[str]:
+    """One line's SVG: a polyline per run of values (None breaks it), a dot for a lone value.
+    ``turn`` (i, n): the i-th of n lines drawn over one another, dashed so that each shows."""
     segments, current = [], []
     for i, row in enumerate(rows):
         value = row.get(key)
@@ -88,9 +92,15 @@ def _line(rows, key: str, colour: str, x, y, *, under: bool) -> list[str]:
                 f' fill-opacity="{opacity}" data-line="{escape(key)}"/>'
             )
         else:
+            dash = (
+                f' stroke-dasharray="{DASH} {DASH * (turn[1] - 1)}"'
+                f' stroke-dashoffset="{-DASH * turn[0]}"'
+                if turn
+                else ""
+            )
             out.append(
                 f'<polyline fill="none" stroke="{colour}" stroke-width="{width}"'
-                f' stroke-opacity="{opacity}" stroke-linejoin="round"'
+                f' stroke-opacity="{opacity}" stroke-linejoin="round"{dash}'
                 f' data-line="{escape(key)}" points="{" ".join(seg)}"/>'
             )
     return out
@@ -154,12 +164,14 @@ def line_chart(
             )
     # A line that stays at zero is drawn first, beneath the others: drawn last (dropped, most
     # of the time) it would hide every line that is zero too at those minutes.
-    flat = {key for key, _, _ in lines if not any(row.get(key) for row in rows)}
+    # Lines at zero together are dashed in turn, so each shows its colour along the axis.
+    flat = [key for key, _, _ in lines if not any(row.get(key) for row in rows)]
     order = sorted(range(len(lines)), key=lambda li: lines[li][0] not in flat)
     for li in order:
         key, _, colour = lines[li]
         under = under_first and li == 0 and len(lines) > 1 and key not in flat
-        parts.extend(_line(rows, key, colour, x, y, under=under))
+        turn = (flat.index(key), len(flat)) if key in flat and len(flat) > 1 else None
+        parts.extend(_line(rows, key, colour, x, y, under=under, turn=turn))
     for li, (key, label, colour) in enumerate(lines):
         lx = LEFT + li * LEGEND_STEP
         parts.append(

@@ -70,8 +70,10 @@ def kill_timeout_jobs(jobs, *, error: str = "HTTP 503") -> None:
     for (topic, slot), ids in by_slot.items():
         k = keys.slot_keys(topic, slot)
         token = scripts.lease_acquire(client, k, holder="console-test", ttl_ms=60_000)
-        claimed = queue.claim(topic, slot, now_ms=10**13, limit=10_000, visibility_ms=60_000,
-                              lease_token=token)  # fmt: skip
+        # Whatever is due within a day (a far later "now" would overflow the prepare scores
+        # that unclaim checks: deadline * 1000 + attempt must stay an exact double).
+        claimed = queue.claim(topic, slot, now_ms=epoch_ms() + 86_400_000, limit=10_000,
+                              visibility_ms=60_000, lease_token=token)  # fmt: skip
         queue.bury(topic, slot, [(i, error) for i in ids], now_ms=epoch_ms(), lease_token=token)
         queue.unclaim(topic, slot, [c for c in claimed if c.job_id not in ids])
         scripts.lease_release(client, k.lease, token=token)

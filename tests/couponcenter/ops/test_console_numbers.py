@@ -166,6 +166,9 @@ def test_the_count_chart_has_dead_and_lines_at_zero_hide_nothing():
     # failed and dropped stay at zero: drawn first, beneath the lines with counts.
     assert set(order[:2]) == {"failed", "dropped"}
     assert order[2:] == ["dispatched", "delivered", "dead"]
+    # the two at zero take turns along the axis: each shows its colour
+    dashes = re.findall(r'stroke-dasharray="6 6" stroke-dashoffset="(-?\d+)"', svg)
+    assert sorted(dashes) == ["-6", "0"]
     # the legend keeps its order
     assert re.findall(r'data-key="(\w+)"', svg) == [k for k, _, _ in charts.COUNT_LINES]
 

@@ -107,7 +107,11 @@ class BacklogApi(APIView):
         now_ms = serializers.IntegerField()
         totals = serializers.DictField(child=serializers.IntegerField())
         topics = serializers.ListField(child=serializers.DictField())
-        lateness_p99_ms = serializers.IntegerField(allow_null=True)
+        lateness_p99_ms = serializers.IntegerField(
+            allow_null=True,
+            help_text="Interpolated inside its histogram bucket; past the last bucket's edge "
+            "(600000) it is that edge plus one: later than 10 minutes, by an unknown amount.",
+        )
         warnings = serializers.ListField(child=serializers.CharField())
         workers = WorkerSerializer(many=True)
         expiry = serializers.DictField()

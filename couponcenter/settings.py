@@ -352,6 +352,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Moments with their seconds and zone on every page (couponcenter/core/formats).
+FORMAT_MODULE_PATH = ["couponcenter.core.formats"]
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 

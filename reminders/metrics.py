@@ -26,6 +26,9 @@ from couponcenter.core.redis import get_redis
 
 RETENTION_S = 2 * 3600
 HOUR_RETENTION_S = 25 * 3600
+# Gauges sampled into the same hashes (the last sample of a period stands for it): how many jobs
+# were scheduled and how many of those overdue, so a queue page can draw its backlog over time.
+GAUGES = ("backlog", "overdue")
 COUNTS = ("dispatched", "delivered", "failed", "dropped", "dead", "orphaned", "capped", "digested")
 # Upper bounds (ms) of the lateness buckets; the last one catches everything later. Fine enough
 # that a bucket's width is at most about half its upper edge above 1 s (a p99 of 47 s reads
@@ -51,6 +54,8 @@ LATENESS_BUCKETS_MS = (
     600_000,
     10**12,
 )
+# The last closed edge: a lateness past it is only known to be past it.
+OPEN_FROM_MS = LATENESS_BUCKETS_MS[-2]
 
 EVENTS = Counter("couponcenter_reminder_events_total", "Reminder events", ["topic", "event"])
 LATENESS = Histogram(
@@ -126,6 +131,18 @@ def record(
     pipe.execute()
 
 
+def sample_backlog(topic: str, *, backlog: int, overdue: int, now: float | None = None) -> None:
+    """Note the topic's backlog now in this minute's and this hour's hashes (one round trip)."""
+    now = time.time() if now is None else now
+    fields = {"backlog": backlog, "overdue": overdue}
+    key, hour_key = _key(topic, int(now // 60)), _hour_key(topic, int(now // 3600))
+    pipe = get_redis().pipeline(transaction=False)
+    for k, ttl in ((key, RETENTION_S), (hour_key, HOUR_RETENTION_S)):
+        pipe.hset(k, mapping=fields)
+        pipe.expire(k, ttl)
+    pipe.execute()
+
+
 def series(
     topic: str, *, minutes: int = 60, now: float | None = None, step_s: int = 60
 ) -> list[dict]:
@@ -150,6 +167,7 @@ def series(
             {
                 "minute": period * step_s,
                 **{name: data.get(name, 0) for name in COUNTS},
+                **{name: data.get(name) for name in GAUGES},  # None: not sampled then
                 "hist": hist,
                 "lateness_p50_ms": percentile(hist, 0.50),
                 "lateness_p99_ms": percentile(hist, 0.99),
@@ -177,7 +195,8 @@ def bucket_bounds(upper_ms: float) -> tuple[int, int]:
 
 def percentile(hist: Mapping[int, int], q: float) -> int | None:
     """The ``q`` quantile in ms, interpolated linearly inside its bucket (samples taken as spread
-    evenly over it); the open last bucket answers its lower edge. None without samples."""
+        evenly over it); the open last bucket answers one past its lower edge (``OPEN_FROM_MS + 1``:
+    later than that edge, by how much no bucket says). None without samples."""
     total = sum(hist.values())
     if not total:
         return None
@@ -189,10 +208,15 @@ def percentile(hist: Mapping[int, int], q: float) -> int | None:
             if high != bound:  # a bound from an older bucket layout: no interpolation
                 return bound
             if bound == LATENESS_BUCKETS_MS[-1]:
-                return low
+                return low + 1
             return round(low + (high - low) * max(rank - seen, 0) / n)
         seen += n
     return max(hist)
+
+
+def past_buckets(lateness_ms: int | None) -> bool:
+    """Whether a lateness (from ``percentile``) lies in the open last bucket."""
+    return lateness_ms is not None and lateness_ms > OPEN_FROM_MS
 
 
 def count(topic: str, name: str, *, minutes: int = 60, now: float | None = None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
@@ -15,6 +16,8 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
 
 from couponcenter.core.admin import EstimatedCountPaginator, ExactIdSearch
 from couponcenter.core.durations import (
@@ -44,6 +47,13 @@ def register_coupon_count(name: str, label: str, count: CouponCount) -> None:
     if name not in _coupon_counts:
         _coupon_counts.append(name)
     setattr(CouponAdmin, name, display)
+
+
+def _claims_link(coupon: Coupon, count: int, html_id: str, *, status: str | None = None) -> str:
+    """``count`` as a link to the claims list filtered to this coupon (and ``status``)."""
+    query = {"coupon__id__exact": coupon.pk, **({"status__exact": status} if status else {})}
+    url = f"{reverse('admin:couponcenter_usercoupon_changelist')}?{urlencode(query)}"
+    return format_html('<a id="{}" href="{}">{}</a>', html_id, url, count)
 
 
 MAX_SHIFT = timedelta(days=3650)
@@ -112,7 +122,7 @@ class CouponAdmin(admin.ModelAdmin):
         return coupon
 
     def get_readonly_fields(self, request: HttpRequest, obj: Coupon | None = None) -> list[str]:
-        counts = [*_coupon_counts, "redeemed", "expired"] if obj is not None else []
+        counts = ["claims", *_coupon_counts, "redeemed", "expired"] if obj is not None else []
         fields = [*self.readonly_fields, *counts]
         if obj is not None and obj.status == Coupon.Status.CANCELLED:
             return [*fields, *services.COUPON_FIELDS]
@@ -121,7 +131,8 @@ class CouponAdmin(admin.ModelAdmin):
     def get_fieldsets(self, request: HttpRequest, obj: Coupon | None = None):
         fieldsets = list(super().get_fieldsets(request, obj))
         if obj is not None:
-            fieldsets.append(("Counts", {"fields": [*_coupon_counts, "redeemed", "expired"]}))
+            counts = ["claims", *_coupon_counts, "redeemed", "expired"]
+            fieldsets.append(("Counts", {"fields": counts}))
         return fieldsets
 
     def _claim_counts(self, coupon: Coupon) -> dict[str, int]:
@@ -129,13 +140,20 @@ class CouponAdmin(admin.ModelAdmin):
             coupon._claim_counts = selectors.coupon_claim_status_counts(coupon_id=coupon.pk)
         return coupon._claim_counts
 
+    @admin.display(description="claims")
+    def claims(self, coupon: Coupon) -> str:
+        """The coupon's claims, listed (the count is the stock's exact one)."""
+        return _claims_link(coupon, coupon.claimed_count, "coupon-claims")
+
     @admin.display(description="redeemed")
-    def redeemed(self, coupon: Coupon) -> int:
-        return self._claim_counts(coupon)["used"]
+    def redeemed(self, coupon: Coupon) -> str:
+        used = self._claim_counts(coupon)["used"]
+        return _claims_link(coupon, used, "coupon-redeemed", status=UserCoupon.Status.USED)
 
     @admin.display(description="expired")
-    def expired(self, coupon: Coupon) -> int:
-        return self._claim_counts(coupon)["expired"]
+    def expired(self, coupon: Coupon) -> str:
+        gone = self._claim_counts(coupon)["expired"]
+        return _claims_link(coupon, gone, "coupon-expired", status=UserCoupon.Status.EXPIRED)
 
     def has_delete_permission(self, request: HttpRequest, obj: Coupon | None = None) -> bool:
         return False
@@ -209,6 +227,11 @@ class UserCouponAdmin(ExactIdSearch, admin.ModelAdmin):
     paginator = EstimatedCountPaginator
     ordering = ["-id"]
     list_per_page = 50
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        # One coupon's claims, as its change page links them (the unique (coupon, user_id,
+        # seq) index leads with the coupon).
+        return lookup == "coupon__id__exact" or super().lookup_allowed(lookup, value, request)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -108,7 +108,11 @@ class BacklogApi(APIView):
         now_ms = serializers.IntegerField()
         totals = serializers.DictField(child=serializers.IntegerField())
         topics = serializers.ListField(child=serializers.DictField())
-        lateness_p99_ms = serializers.IntegerField(allow_null=True)
+        lateness_p99_ms = serializers.IntegerField(
+            allow_null=True,
+            help_text="Interpolated inside its histogram bucket; past the last bucket's edge "
+            "(600000) it is that edge plus one: later than 10 minutes, by an unknown amount.",
+        )
         warnings = serializers.ListField(child=serializers.CharField())
         workers = WorkerSerializer(many=True)
         expiry = serializers.DictField()
@@ -146,6 +150,9 @@ class DeadLetterSerializer(serializers.Serializer):
     topic = serializers.CharField()
     slot = serializers.IntegerField()
     job_id = serializers.CharField()
+    business_key = serializers.CharField(
+        help_text="A timeout job's type:id, a reminder's coupon and user; empty if the row is gone."
+    )
     user_id = serializers.IntegerField(allow_null=True)
     attempts = serializers.IntegerField()
     last_error = serializers.CharField()

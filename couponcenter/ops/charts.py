@@ -13,6 +13,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 WIDTH, HEIGHT = 560, 170
 LEFT, RIGHT, TOP, BOTTOM = 52, 10, 12, 36
+LEGEND_STEP = 95  # px between legend entries: five fit in the width
 
 
 def _nice_max(value: float) -> float:
@@ -63,6 +64,48 @@ def _nice_duration_max(ms: float) -> float:
     return _nice_max(ms / size) * size
 
 
+DASH = 6  # px of each flat line's turn along the axis
+
+
+def _line(rows, key: str, colour: str, x, y, *, under: bool, turn=None) -> list[str]:
+    """One line's SVG: a polyline per run of values (None breaks it), a dot for a lone value.
+    ``turn`` (i, n): the i-th of n lines drawn over one another, dashed so that each shows."""
+    segments, current = [], []
+    for i, row in enumerate(rows):
+        value = row.get(key)
+        if value is None:
+            if current:
+                segments.append(current)
+            current = []
+            continue
+        current.append(f"{x(i):.1f},{y(value):.1f}")
+    if current:
+        segments.append(current)
+    width, opacity = ("5", "0.45") if under else ("1.5", "1")
+    out = []
+    for seg in segments:
+        if len(seg) == 1:
+            cx, cy = seg[0].split(",")
+            radius = 3.5 if under else 2
+            out.append(
+                f'<circle cx="{cx}" cy="{cy}" r="{radius}" fill="{colour}"'
+                f' fill-opacity="{opacity}" data-line="{escape(key)}"/>'
+            )
+        else:
+            dash = (
+                f' stroke-dasharray="{DASH} {DASH * (turn[1] - 1)}"'
+                f' stroke-dashoffset="{-DASH * turn[0]}"'
+                if turn
+                else ""
+            )
+            out.append(
+                f'<polyline fill="none" stroke="{colour}" stroke-width="{width}"'
+                f' stroke-opacity="{opacity}" stroke-linejoin="round"{dash}'
+                f' data-line="{escape(key)}" points="{" ".join(seg)}"/>'
+            )
+    return out
+
+
 def line_chart(
     rows: Sequence[dict],
     lines: Sequence[tuple[str, str, str]],
@@ -78,7 +121,7 @@ def line_chart(
     ``lines`` are (key, label, colour). Missing values (None) break the line. ``durations``: the
     values are ms, labelled in ms, s, min or h. ``under_first``: the first line is drawn wide and
     pale beneath the others, so a line that runs on top of it (delivered on dispatched) leaves
-    it visible.
+    it visible. A line at zero throughout is drawn before the rest, so it hides none of them.
     """
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     values = [row[key] for row in rows for key, _, _ in lines if row.get(key) is not None]
@@ -119,35 +162,18 @@ def line_chart(
                 f'<text x="{x(i):.1f}" y="{TOP + plot_h + 14}" text-anchor="{anchor}"'
                 f' font-size="10" fill="#666">{stamp}</text>'
             )
+    # A line that stays at zero is drawn first, beneath the others: drawn last (dropped, most
+    # of the time) it would hide every line that is zero too at those minutes.
+    # Lines at zero together are dashed in turn, so each shows its colour along the axis.
+    flat = [key for key, _, _ in lines if not any(row.get(key) for row in rows)]
+    order = sorted(range(len(lines)), key=lambda li: lines[li][0] not in flat)
+    for li in order:
+        key, _, colour = lines[li]
+        under = under_first and li == 0 and len(lines) > 1 and key not in flat
+        turn = (flat.index(key), len(flat)) if key in flat and len(flat) > 1 else None
+        parts.extend(_line(rows, key, colour, x, y, under=under, turn=turn))
     for li, (key, label, colour) in enumerate(lines):
-        segments, current = [], []
-        for i, row in enumerate(rows):
-            value = row.get(key)
-            if value is None:
-                if current:
-                    segments.append(current)
-                current = []
-                continue
-            current.append(f"{x(i):.1f},{y(value):.1f}")
-        if current:
-            segments.append(current)
-        under = under_first and li == 0 and len(lines) > 1
-        width, opacity = ("5", "0.45") if under else ("1.5", "1")
-        for seg in segments:
-            if len(seg) == 1:
-                cx, cy = seg[0].split(",")
-                radius = 3.5 if under else 2
-                parts.append(
-                    f'<circle cx="{cx}" cy="{cy}" r="{radius}" fill="{colour}"'
-                    f' fill-opacity="{opacity}" data-line="{escape(key)}"/>'
-                )
-            else:
-                parts.append(
-                    f'<polyline fill="none" stroke="{colour}" stroke-width="{width}"'
-                    f' stroke-opacity="{opacity}" stroke-linejoin="round"'
-                    f' data-line="{escape(key)}" points="{" ".join(seg)}"/>'
-                )
-        lx = LEFT + li * 110
+        lx = LEFT + li * LEGEND_STEP
         parts.append(
             f'<rect x="{lx}" y="{HEIGHT - 14}" width="10" height="10" fill="{colour}"/>'
             f'<text x="{lx + 14}" y="{HEIGHT - 5}" font-size="11" fill="#333"'
@@ -161,7 +187,12 @@ COUNT_LINES = (
     ("dispatched", "dispatched", "#417690"),
     ("delivered", "delivered", "#2e7d32"),
     ("failed", "failed", "#ef6c00"),
+    ("dead", "dead", "#c62828"),
     ("dropped", "dropped", "#8e24aa"),
+)
+BACKLOG_LINES = (
+    ("backlog", "scheduled", "#417690"),
+    ("overdue", "overdue", "#c62828"),
 )
 COUNTED = tuple(name for name, *_ in COUNT_LINES)
 LATENESS_LINES = (

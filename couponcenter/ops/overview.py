@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from couponcenter.core.humanize import ms_age
 from couponcenter.core.lockout import lockouts_now
+from couponcenter.ops.charts import duration_label
 from expiry import selectors as expiry_selectors
+from reminders import metrics
 from reminders.engine.clock import epoch_ms
 from reminders.members import is_reminder_topic
 from reminders.models import ReminderSettings
@@ -31,6 +33,14 @@ from reminders.selectors.quotas import quota_near_limit
 RANGES = {"5m": (5, 60), "1h": (60, 60), "24h": (24 * 60, 3600)}
 DEFAULT_RANGE = "1h"
 
+
+def lateness_text(ms: int | None) -> str:
+    """A lateness percentile as read: past the histogram's last edge only "> 10 min" is known."""
+    if metrics.past_buckets(ms):
+        return f"> {duration_label(metrics.OPEN_FROM_MS)}"
+    return ms_age(ms)
+
+
 # --- the overview page ---------------------------------------------------------------------------
 
 
@@ -43,7 +53,8 @@ def warnings(*, data: Backlog, p99_ms: int | None, live: ReminderSettings) -> li
         )
     if p99_ms is not None and p99_ms > live.lateness_warning_ms:
         out.append(
-            f"p99 delivery lateness is {ms_age(p99_ms)} over the last {RECENT_MINUTES} minutes "
+            f"p99 delivery lateness is {lateness_text(p99_ms)} over the last "
+            f"{RECENT_MINUTES} minutes "
             f"(warning threshold {ms_age(live.lateness_warning_ms)})."
         )
     return out

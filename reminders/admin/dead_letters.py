@@ -38,6 +38,17 @@ def _filters(params) -> dict:
     return {"topic": topic, "slot": slot, "q": (params.get("q") or "").strip()[:100]}
 
 
+ROW_PAGES = {
+    "job": "admin:reminders_timeoutjob_change",
+    "subscription": "admin:reminders_remindersubscription_change",
+}
+
+
+def _row_url(row: tuple[str, int] | None) -> str:
+    """The admin page of a dead letter's row (its timeout job or reminder subscription)."""
+    return reverse(ROW_PAGES[row[0]], args=[row[1]]) if row else ""
+
+
 def _query(f: dict, **extra) -> str:
     pairs = {"topic": f["topic"], "slot": f["slot"], "q": f["q"], **extra}
     return urlencode({k: v for k, v in pairs.items() if v not in (None, "")})
@@ -81,6 +92,8 @@ class DeadLetterAdmin(admin.ModelAdmin):
             offset=page_no * PAGE_SIZE,
             limit=PAGE_SIZE,
         )
+        for letter in page.letters:
+            letter.row_url = _row_url(letter.row)
         counts = dead_letters.dead_counts()
         context = {
             **self.admin_site.each_context(request),

@@ -4,7 +4,10 @@ searches that use an index, and no filter that lists a big related table."""
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from couponcenter.core.admin import EstimatedCountPaginator, ExactIdSearch, exact_id
@@ -23,6 +26,12 @@ from reminders.services import (
     timeout_job_reschedule,
 )
 from reminders.services.dead_letters import dead_letters_requeue
+
+
+def _error_is_past(job: TimeoutJob) -> bool:
+    """The job's last error belongs to an earlier attempt: it fired since, or was cancelled."""
+    return job.status in (TimeoutJob.Status.PROCESSED, TimeoutJob.Status.CANCELLED)
+
 
 # Jobs one "cancel" action handles (one conditional UPDATE and one Redis call each).
 CANCEL_CAP = 1000
@@ -97,10 +106,11 @@ class TimeoutJobAdmin(admin.ModelAdmin):
         "status",
         "slot",
         "attempts",
-        "last_error",
-        "gmt_create",
-        "gmt_modified",
+        "error_now",
+        "created",
+        "modified",
     ]
+    change_form_template = "admin/reminders/timeoutjob/change_form.html"
 
     DETAIL_FIELDS = ["place_in_redis", "attempt_history"]
 
@@ -110,7 +120,111 @@ class TimeoutJobAdmin(admin.ModelAdmin):
 
     @admin.display(description="last error")
     def error(self, obj):
-        return (obj.last_error[:80] + "…") if len(obj.last_error) > 80 else obj.last_error
+        text = (obj.last_error[:80] + "…") if len(obj.last_error) > 80 else obj.last_error
+        if text and _error_is_past(obj):
+            return format_html('<span class="tj-earlier">earlier: {}</span>', text)
+        return text
+
+    @admin.display(description="Last error")
+    def error_now(self, obj):
+        """The last error as what it is now: a job that fired or was cancelled after it (a
+        requeued job that then succeeded) has none now, and the old one is history."""
+        if not obj.last_error:
+            return "none"
+        if _error_is_past(obj):
+            return format_html(
+                '<span id="tj-error" class="tj-earlier">none now ({}); before that: {}</span>',
+                obj.get_status_display().lower(),
+                obj.last_error,
+            )
+        return format_html('<span id="tj-error">{}</span>', obj.last_error)
+
+    @admin.display(description="Created", ordering="gmt_create")
+    def created(self, obj):
+        return when(obj.gmt_create)
+
+    @admin.display(description="Last changed", ordering="gmt_modified")
+    def modified(self, obj):
+        return when(obj.gmt_modified)
+
+    # --- the job page: read-only unless pending; cancel and requeue buttons ----------------------
+
+    def has_change_permission(self, request, obj=None):
+        # A job that fired, died or was cancelled is history: its page is for reading (its
+        # buttons, cancel and requeue, check the change permission themselves).
+        if obj is not None and obj.status != TimeoutJob.Status.PENDING:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a job is cancelled or ended, never deleted (its Redis entry would stay)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        job = self.get_object(request, object_id)
+        may = job is not None and super().has_change_permission(request, job)
+        context = {
+            "show_save_and_add_another": False,
+            "tj_cancel": may and job.status == TimeoutJob.Status.PENDING,
+            "tj_requeue": may and job.status == TimeoutJob.Status.DEAD,
+            **(extra_context or {}),
+        }
+        return super().change_view(request, object_id, form_url, context)
+
+    def get_urls(self):
+        urls = [
+            path(
+                "<path:object_id>/cancel/",
+                self.admin_site.admin_view(self.cancel_view),
+                name="reminders_timeoutjob_cancel",
+            ),
+            path(
+                "<path:object_id>/requeue/",
+                self.admin_site.admin_view(self.requeue_view),
+                name="reminders_timeoutjob_requeue",
+            ),
+        ]
+        return urls + super().get_urls()
+
+    def _one_job(self, request, object_id) -> TimeoutJob:
+        if request.method != "POST":
+            raise PermissionDenied
+        job = self.get_object(request, object_id)
+        if job is None:
+            raise Http404
+        if not super().has_change_permission(request, job):
+            raise PermissionDenied
+        return job
+
+    def _back_to(self, job) -> HttpResponseRedirect:
+        return HttpResponseRedirect(reverse("admin:reminders_timeoutjob_change", args=[job.pk]))
+
+    def cancel_view(self, request, object_id):
+        job = self._one_job(request, object_id)
+        try:
+            timeout_job_cancel(job=job)
+        except BusinessError as refused:
+            self.message_user(request, f"Not cancelled: {refused.message}", messages.ERROR)
+            return self._back_to(job)
+        self.log_change(request, job, "Cancelled from its page.")
+        self.message_user(request, f"Job {job.pk} cancelled.", messages.SUCCESS)
+        return self._back_to(job)
+
+    def requeue_view(self, request, object_id):
+        job = self._one_job(request, object_id)
+        if job.status != TimeoutJob.Status.DEAD:
+            self.message_user(request, "Only a dead job is requeued.", messages.ERROR)
+            return self._back_to(job)
+        result = dead_letters_requeue(topic=job.topic, slot=job.slot, job_ids=[str(job.pk)])
+        if result.skipped:
+            self.message_user(
+                request,
+                "Not requeued: a newer job is pending for its business key.",
+                messages.ERROR,
+            )
+        else:
+            self.log_change(request, job, "Requeued from its page.")
+            self.message_user(request, f"Job {job.pk} requeued.", messages.SUCCESS)
+        return self._back_to(job)
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:

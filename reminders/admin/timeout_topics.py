@@ -4,12 +4,21 @@
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.utils.html import format_html
 
 from couponcenter.core.errors import BusinessError
 from reminders.engine.knobs import TOPIC_KNOBS
 from reminders.models import TimeoutTopic
+from reminders.selectors import queues
+from reminders.selectors.timeout_topics import timeout_topic_specs
 from reminders.services import timeout_topic_delete, timeout_topic_save
 from reminders.timeout_topic_rules import FIRING_KNOBS, TIMEOUT_TOPIC_KNOBS
+
+
+def _backlog_text(data) -> str:
+    if data is None:
+        return "-"
+    return f"{data.store} / {data.due} / {data.prepare} / {data.dead}"
 
 
 class TimeoutTopicForm(forms.ModelForm):
@@ -54,10 +63,11 @@ class TimeoutTopicAdmin(admin.ModelAdmin):
         "timeout_ms",
         "rate_limit_per_s",
         "fair_key",
-        "paused",
+        "state",
         "owner_user",
         "owner_group",
     ]
+    change_list_template = "admin/reminders/timeouttopic/change_list.html"
     list_filter = ["type", "paused"]
     search_fields = ["name"]
     actions = ["pause", "resume", "end_rotation"]
@@ -69,6 +79,38 @@ class TimeoutTopicAdmin(admin.ModelAdmin):
         ("Engine", {"fields": [knob.name for knob in TOPIC_KNOBS]}),
     ]
     raw_id_fields = ["owner_user"]
+
+    @admin.display(description="state", ordering="paused")
+    def state(self, obj):
+        # Running is the normal state: a red cross for "not paused" read as a fault.
+        return format_html('<span class="cc-bad">{}</span>', "PAUSED") if obj.paused else "running"
+
+    def get_list_display(self, request):
+        """The columns, with each topic's backlog read from Redis once for the page."""
+        counts = {t.topic: t for t in queues.backlog().topics}
+
+        @admin.display(description="scheduled / due / in flight / dead")
+        def backlog(obj):
+            return _backlog_text(counts.get(obj.name))
+
+        request.cc_topic_backlog = counts
+        return [*self.list_display[:3], backlog, *self.list_display[3:]]
+
+    def changelist_view(self, request, extra_context=None):
+        """The list of topics kept as data, then the built-in ones from settings (read-only
+        here: ``TIMEOUT_TOPICS``), so every topic a job may name is on one page."""
+        response = super().changelist_view(request, extra_context)
+        if hasattr(response, "context_data"):
+            counts = getattr(request, "cc_topic_backlog", None) or {
+                t.topic: t for t in queues.backlog().topics
+            }
+            q = (request.GET.get("q") or "").strip().lower()
+            response.context_data["builtin_topics"] = [
+                {"spec": spec, "backlog": _backlog_text(counts.get(name))}
+                for name, spec in timeout_topic_specs().items()
+                if spec.read_only and q in name.lower()
+            ]
+        return response
 
     def get_readonly_fields(self, request, obj=None):
         # The name: its jobs carry it. The overlap: set when the secret changes.

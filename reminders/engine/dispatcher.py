@@ -80,6 +80,10 @@ class ClaimBudget(Protocol):
     def give_back(self, topic: Topic, unused: int) -> None:
         """The claim found fewer due entries than it was allowed: return the rest."""
 
+    def held_back(self, topic: Topic, due_left: int) -> None:
+        """A claim cut short by ``take`` came back full: ``due_left`` due entries of its slot
+        (at most what the cut refused) are waiting because of it."""
+
 
 @dataclass(frozen=True)
 class Hooks:
@@ -246,15 +250,37 @@ class Dispatcher:
         token = self.leases.token(topic.name, slot)
         if token is None:
             return False
-        limit = ts.batch_size
+        asked = limit = ts.batch_size
         if self.budget is not None:
             granted = self.budget.take(topic, limit)
             self._budget_cut[topic.name] = granted < limit
             limit = min(limit, granted)
             if limit <= 0:
+                self._note_held_back(topic, ts, slot, asked)
                 return False
         if topic.parcels:
-            return self._one_parcel(topic, ts, slot, token, limit, report)
+            full = self._one_parcel(topic, ts, slot, token, limit, report)
+        else:
+            full = self._one_claim(topic, ts, slot, token, limit, report)
+        if full and limit < asked:
+            self._note_held_back(topic, ts, slot, asked - limit)
+        return full
+
+    def _note_held_back(self, topic: Topic, ts: TopicSettings, slot: int, refused: int) -> None:
+        """Tell the budget how many due entries a cut left in the slot (only after a cut, so an
+        unthrottled claim costs nothing more)."""
+        if self.budget is None:
+            return
+        due = queue.due_count(
+            topic.name, slot, now_ms=self.clock() + ts.lookahead_ms, client=self.client
+        )
+        if due:
+            self.budget.held_back(topic, min(due, refused))
+
+    def _one_claim(
+        self, topic: Topic, ts: TopicSettings, slot: int, token: str, limit: int, report: TickReport
+    ) -> bool:
+        """Claim one batch of entries and settle them; True when it was full."""
         entries: list[Claimed] = []
         try:
             entries = queue.claim(

@@ -49,7 +49,7 @@ class WorkerInfo:
     started_ms: int = 0
     config_version: int = 0
     owned: dict[str, list[int]] = field(default_factory=dict)
-    # Per topic handed on to an executor of this worker: [in flight, capacity].
+    # Per topic handed on to an executor of this worker: [in flight, capacity, threads].
     load: dict[str, list[int]] = field(default_factory=dict)
     round_ms: int = 0  # when the dispatch loop last completed a round (0: none yet)
 

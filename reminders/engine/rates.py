@@ -12,8 +12,8 @@ from .connection import Client
 
 @dataclass(frozen=True, slots=True)
 class RateState:
-    tokens: float
-    throttled: int  # entries a claim wanted and was refused, since the bucket was created
+    tokens: float  # in the bucket now (refilled up to the moment asked about)
+    throttled: int  # due jobs a claim left waiting for want of tokens, since the bucket was made
 
 
 def burst_for(rate_per_s: int) -> int:
@@ -45,8 +45,19 @@ def give_back(
     )
 
 
-def state(topic: str, *, client: Client | None = None) -> RateState | None:
-    raw = connection.client(client).hmget(keys.rate_bucket(topic), ["t", "throttled"])
-    if raw[0] is None:
-        return None
-    return RateState(float(raw[0]), int(raw[1] or 0))
+def held_back(topic: str, jobs: int, *, client: Client | None = None) -> None:
+    """Count ``jobs`` due jobs a claim left waiting because the bucket ran short (counted per
+    claim: a job refused at two claims in a row counts twice)."""
+    if jobs > 0:
+        connection.client(client).hincrby(keys.rate_bucket(topic), "throttled", jobs)
+
+
+def state(topic: str, rate_per_s: int, *, now_ms: int, client: Client | None = None) -> RateState:
+    """The bucket as of ``now_ms``: the tokens refilled since it was last touched (the stored
+    figure is as of the last take), and the jobs held back. An idle bucket that expired is full."""
+    raw = connection.client(client).hmget(keys.rate_bucket(topic), ["t", "ms", "throttled"])
+    burst = burst_for(rate_per_s)
+    if raw[0] is None or raw[1] is None:
+        return RateState(float(burst), int(raw[2] or 0))
+    refilled = float(raw[0]) + max(0, now_ms - float(raw[1])) * rate_per_s / 1000
+    return RateState(min(float(burst), refilled), int(raw[2] or 0))

@@ -213,7 +213,12 @@ def _settle_chunk(spec: TimeoutTopicSpec, fired: list[Fired]) -> dict[str, int]:
         _report_failed(spec, failed, dead)
     metrics.record(
         spec.name,
-        {"delivered": len(ok), "failed": len(failed) - len(dead), "dead": len(dead)},
+        {
+            "dispatched": len(fired),
+            "delivered": len(ok),
+            "failed": len(failed) - len(dead),
+            "dead": len(dead),
+        },
         [max(0, f.fired_ms - epoch_ms(f.job.action_time)) for f in ok],
     )
     if tracing.enabled():

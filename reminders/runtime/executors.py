@@ -84,8 +84,11 @@ class TopicExecutors:
         return self._by_topic.get(topic)
 
     def load(self) -> dict[str, list[int]]:
-        """Per topic: [jobs in flight, capacity]."""
-        return {name: [e.in_flight, e.capacity] for name, e in list(self._by_topic.items())}
+        """Per topic: [jobs in flight, how many it takes in (its queue's capacity), threads]."""
+        return {
+            name: [e.in_flight, e.capacity, e.spec.concurrency]
+            for name, e in list(self._by_topic.items())
+        }
 
     def counts(self) -> dict[str, int]:
         """Totals over this process's executors (retired ones included)."""

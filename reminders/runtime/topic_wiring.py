@@ -116,16 +116,25 @@ class ClaimBudget:
 
     def __init__(self, generic: GenericTopics) -> None:
         self.generic = generic
+        # Per topic, what the rate limit alone refused at the last take: a cut for want of
+        # executor room holds jobs back too, but is not the limit's doing.
+        self._rate_cut: dict[str, int] = {}
 
     def take(self, topic: Topic, want: int) -> int:
         spec = self.generic.spec(topic.name)
         executor = self.generic.executors.get(topic.name)
+        self._rate_cut[topic.name] = 0
         if spec is None or executor is None:
             return want
         want = min(want, executor.room())
         if want <= 0 or not spec.rate_limit_per_s:
             return want
-        return rates.take(topic.name, spec.rate_limit_per_s, want, now_ms=epoch_ms())
+        granted = rates.take(topic.name, spec.rate_limit_per_s, want, now_ms=epoch_ms())
+        self._rate_cut[topic.name] = want - granted
+        return granted
+
+    def held_back(self, topic: Topic, due_left: int) -> None:
+        rates.held_back(topic.name, min(due_left, self._rate_cut.get(topic.name, 0)))
 
     def give_back(self, topic: Topic, unused: int) -> None:
         spec = self.generic.spec(topic.name)

@@ -41,12 +41,30 @@ from reminders.runtime.topic_wiring import (
     builtin_topics,
     engine_settings,
 )
-from reminders.selectors import reminder_settings_get
+from reminders.selectors import queues, reminder_settings_get
 from reminders.services.orphans import queues_prune_orphans
 
 logger = logging.getLogger(__name__)
 BROKER_WARN_EVERY_S = 10.0
 BROKER_RETRY_S = 1.0
+
+
+class BacklogSampler:
+    """Note every topic's backlog (scheduled, and overdue of those) in the metrics every
+    ``every_s`` seconds, so the queue pages draw it over time. A housekeeping chore: one worker
+    samples, whatever the number running; one pipeline per topic over its slots."""
+
+    def __init__(self, every_s: float = 15.0) -> None:
+        self.every_s = every_s
+        self.last = float("-inf")
+
+    def __call__(self) -> None:
+        now = time.time()
+        if now - self.last < self.every_s:
+            return
+        self.last = now
+        for topic in queues.backlog(at_ms=int(now * 1000)).topics:
+            metrics.sample_backlog(topic.topic, backlog=topic.store, overdue=topic.due, now=now)
 
 
 class Reconciler:
@@ -268,7 +286,7 @@ def build_worker(
     hooks = Hooks(
         may_claim=DeliveryBackpressure(),
         budget=ClaimBudget(generic),
-        housekeeping=[reconciler, gate_upkeep],
+        housekeeping=[reconciler, gate_upkeep, BacklogSampler()],
         on_error=_on_error,
         on_shutdown=[generic.executors.close, reconciler.close, gate_upkeep.close],
         handed_counts=generic.executors.counts,

@@ -50,21 +50,39 @@ def _letter(topic: str, slot: int, entry: queue.DeadEntry) -> DeadLetter:
     )
 
 
-def _with_users(letters: list[DeadLetter]) -> list[DeadLetter]:
-    """Each reminder's end user, from its subscription row (a member names only the row), in
-    one query for the page."""
-    sub_of = {}
+def _with_rows(letters: list[DeadLetter]) -> list[DeadLetter]:
+    """Each letter's row and business key, in one query per kind for the page: a reminder's
+    subscription (its end user and coupon: a member names only the row), a timeout job's
+    ``type:id``. Sets ``user_id``, ``business_key`` and ``row`` (("subscription" or "job",
+    pk), or None when the row is gone)."""
+    sub_of, job_of = {}, {}
     for letter in letters:
         if is_reminder_topic(letter.topic):
             sub_of[letter.key] = try_sub_id_of(letter.job_id)
-    wanted = {sub for sub in sub_of.values() if sub is not None}
-    users = (
-        dict(ReminderSubscription.objects.filter(pk__in=wanted).values_list("pk", "user_id"))
-        if wanted
-        else {}
-    )
+        elif letter.job_id.isdigit():
+            job_of[letter.key] = int(letter.job_id)
+    subs_wanted = {sub for sub in sub_of.values() if sub is not None}
+    subs = {
+        pk: (user_id, coupon_id)
+        for pk, user_id, coupon_id in ReminderSubscription.objects.filter(
+            pk__in=subs_wanted
+        ).values_list("pk", "user_id", "coupon_id")
+    }
+    jobs = {
+        pk: f"{biz_type}:{biz_id}"
+        for pk, biz_type, biz_id in TimeoutJob.objects.filter(
+            pk__in=set(job_of.values())
+        ).values_list("pk", "biz_type", "biz_id")
+    }
     for letter in letters:
-        letter.user_id = users.get(sub_of.get(letter.key))
+        letter.business_key, letter.row = "", None
+        if (sub := sub_of.get(letter.key)) in subs:
+            letter.user_id, coupon_id = subs[sub]
+            letter.business_key = f"coupon {coupon_id}, user {letter.user_id}"
+            letter.row = ("subscription", sub)
+        elif (job := job_of.get(letter.key)) in jobs:
+            letter.business_key = jobs[job]
+            letter.row = ("job", job)
     return letters
 
 
@@ -112,7 +130,7 @@ def dead_letter_list(
         for entry in queue.list_dead(name, s, limit=offset + limit)
     ]
     merged.sort(key=lambda d: (d.died_at, d.key), reverse=True)
-    return DeadPage(_with_users(merged[offset : offset + limit]), total, total > offset + limit)
+    return DeadPage(_with_rows(merged[offset : offset + limit]), total, total > offset + limit)
 
 
 def dead_letter_search(term: str, *, pairs: list[tuple[str, int]]) -> list[DeadLetter]:
@@ -196,7 +214,7 @@ def _dead_entries(candidates: dict[tuple[str, int], set[str]]) -> list[DeadLette
             )
             out.append(_letter(topic, slot, entry))
     out.sort(key=lambda d: (d.died_at, d.key), reverse=True)
-    return _with_users(out)
+    return _with_rows(out)
 
 
 def dead_letters_get(letter_keys: list[str]) -> list[DeadLetter]:

@@ -153,6 +153,11 @@ class Lateness:
     p99_ms: int | None
     p99_bucket_ms: tuple[int, int] | None  # (lower, upper) edges around p99
 
+    @property
+    def past_buckets(self) -> bool:
+        """p99 lies in the open last bucket: later than its edge, by an unknown amount."""
+        return metrics.past_buckets(self.p99_ms)
+
 
 def recent_lateness(series: dict[str, list[dict]], *, minutes: int = RECENT_MINUTES) -> Lateness:
     hist = metrics.merged(row for rows in series.values() for row in rows[-minutes:])
@@ -243,10 +248,12 @@ class TimeoutTopicRow:
     lateness_p99_ms: int | None
     hour: dict[str, int]  # delivered, failed, dead in the last hour
     rate_limit_per_s: int
-    tokens: float | None  # in the bucket now (None: no limit, or not used yet)
-    throttled: int  # claims cut short by the limit, since the bucket was made
-    in_flight: int  # over the live workers' executors
-    capacity: int
+    tokens: float | None  # in the bucket now (None: no limit)
+    throttled: int  # due jobs held back by the limit (per claim), since the bucket was made
+    in_flight: int  # jobs taken in by the live workers' executors (firing, waiting or held)
+    capacity: int  # how many they take in at most (their queues, not their threads)
+    threads: int  # the executors' threads (the topic's concurrency, summed over workers)
+    workers: int  # live workers running an executor of the topic
 
     @property
     def saturation_pct(self) -> int:
@@ -264,16 +271,22 @@ def timeout_topic_rows(
     for w in leases.list_workers():
         if at_ms - w.heartbeat_ms > settings.WORKER_LEASE_MS:
             continue
-        for topic, (in_flight, capacity) in (w.load or {}).items():
-            total = load.setdefault(topic, [0, 0])
-            total[0] += in_flight
-            total[1] += capacity
+        for topic, figures in (w.load or {}).items():
+            # [in flight, capacity, threads]; a worker of an older version sends no threads.
+            total = load.setdefault(topic, [0, 0, 0, 0])
+            for i, n in enumerate(figures[:3]):
+                total[i] += n
+            total[3] += 1
     rows = []
     for name, spec in timeout_topic_specs().items():
         recent = recent_lateness({name: series.get(name, [])})
         hour = {n: sum(r[n] for r in series.get(name, [])) for n in ("delivered", "failed", "dead")}
-        bucket = rates.state(name) if spec.rate_limit_per_s else None
-        in_flight, capacity = load.get(name, [0, 0])
+        bucket = (
+            rates.state(name, spec.rate_limit_per_s, now_ms=at_ms)
+            if spec.rate_limit_per_s
+            else None
+        )
+        in_flight, capacity, threads, running = load.get(name, [0, 0, 0, 0])
         rows.append(
             TimeoutTopicRow(
                 name=name,
@@ -290,6 +303,8 @@ def timeout_topic_rows(
                 throttled=bucket.throttled if bucket else 0,
                 in_flight=in_flight,
                 capacity=capacity,
+                threads=threads,
+                workers=running,
             )
         )
     return rows

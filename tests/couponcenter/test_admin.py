@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -208,3 +209,24 @@ def test_non_staff_cannot_use_the_admin():
     client.force_login(UserFactory())
     response = client.get(reverse("admin:couponcenter_coupon_changelist"))
     assert response.status_code == 302
+
+
+def test_the_coupon_page_links_its_claims(admin_client_):
+    coupon = CouponFactory(claim_opens_at=timezone.now() - timedelta(minutes=1), total_stock=10)
+    other = CouponFactory(claim_opens_at=timezone.now() - timedelta(minutes=1), total_stock=10)
+    claims = [services.coupon_claim(coupon_id=coupon.pk, user_id=u) for u in (11, 12, 13)]
+    services.coupon_claim(coupon_id=other.pk, user_id=11)
+    UserCoupon.objects.filter(pk=claims[0].pk).update(
+        status=UserCoupon.Status.USED, used_at=timezone.now()
+    )
+    page = admin_client_.get(reverse("admin:couponcenter_coupon_change", args=[coupon.pk]))
+    html = page.content.decode()
+    link = re.search(r'<a id="coupon-claims" href="([^"]+)">3</a>', html)
+    assert link, html
+    listed = admin_client_.get(link.group(1).replace("&amp;", "&"))
+    assert listed.status_code == 200
+    ids = {row.pk for row in listed.context["cl"].result_list}
+    assert ids == {c.pk for c in claims}  # this coupon's, not the other's
+    used = re.search(r'<a id="coupon-redeemed" href="([^"]+)">1</a>', html).group(1)
+    listed = admin_client_.get(used.replace("&amp;", "&"))
+    assert [row.pk for row in listed.context["cl"].result_list] == [claims[0].pk]

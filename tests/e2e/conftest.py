@@ -36,11 +36,22 @@ from couponcenter.coupons.bench.http import database_url, free_port
 from reminders.engine import leases
 from tests.support.settings_rows import reminder_settings_row
 
+SCREENSHOTS_ENV = "CONSOLE_SCREENSHOTS_DIR"
 READY_TIMEOUT_S = 60
 # Several gunicorn workers each set Django up at once: on a loaded machine that takes a while.
 WEB_READY_TIMEOUT_S = 180
 STOP_TIMEOUT_S = 15
 LEASE_MS = 2000  # short leases: a killed worker's slots are taken over within 2 s
+
+
+@pytest.fixture(scope="session")
+def screenshots(tmp_path_factory) -> Path:
+    """Where the browser tests save their screenshots: ``CONSOLE_SCREENSHOTS_DIR`` when set (CI
+    sets it to a directory it keeps as an artifact), else a pytest temporary directory."""
+    given = os.environ.get(SCREENSHOTS_ENV)
+    where = Path(given) if given else tmp_path_factory.mktemp("screenshots")
+    where.mkdir(parents=True, exist_ok=True)
+    return where
 
 
 def wait_for(

@@ -1,7 +1,7 @@
 """The operations console in a real browser: Playwright driving Debian's Chromium against
 pytest-django's live server, real Redis and the real database (committed rows: transactional).
 
-Each test saves a screenshot under ``test-artifacts/``.
+Each test saves a screenshot in the ``screenshots`` directory (tests/e2e/conftest.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from tests.support.console import dead_members, kill_reminders, member, overdue_
 from tests.support.factories import UserFactory
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(settings.BASE_DIR) / "test-artifacts"
 PASSWORD = "correct-horse-battery"
 ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -44,7 +43,6 @@ def page(live_server, transactional_db, monkeypatch):
     # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
     # between browser steps are still plain synchronous code.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -68,11 +66,14 @@ def logged_in(page, live_server):
     return page
 
 
-def shot(page, name: str) -> None:
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+def shot(page, where: Path, name: str) -> None:
+    """A full-page screenshot ``<name>.png`` in ``where`` (the ``screenshots`` fixture)."""
+    page.screenshot(path=str(where / f"{name}.png"), full_page=True)
 
 
-def test_login_and_overview_shows_a_known_backlog(logged_in, live_server, reminder_settings):
+def test_login_and_overview_shows_a_known_backlog(
+    screenshots, logged_in, live_server, reminder_settings
+):
     reminder_settings.change(backlog_warning=10)
     overdue_reminders(range(8000, 8012))
     page = logged_in
@@ -88,10 +89,12 @@ def test_login_and_overview_shows_a_known_backlog(logged_in, live_server, remind
     topics = 2 + len(settings.TIMEOUT_TOPICS)
     assert page.locator("svg.cc-chart").count() == 2 * topics
     assert page.locator("#cc-timeout-topics tr[data-topic]").count() == len(settings.TIMEOUT_TOPICS)
-    shot(page, "console-overview")
+    shot(page, screenshots, "console-overview")
 
 
-def test_requeue_a_dead_letter_from_the_list(logged_in, live_server, reminder_settings):
+def test_requeue_a_dead_letter_from_the_list(
+    screenshots, logged_in, live_server, reminder_settings
+):
     subs = overdue_reminders(range(8100, 8104))
     kill_reminders(subs)
     target = subs[0]
@@ -102,7 +105,7 @@ def test_requeue_a_dead_letter_from_the_list(logged_in, live_server, reminder_se
     page.select_option("#dl-action", "requeue_selected")
     page.click("#dl-go")
     assert page.inner_text("#dl-confirm-count") == "1"
-    shot(page, "dead-letters-confirm")
+    shot(page, screenshots, "dead-letters-confirm")
     page.click("#dl-confirm")
     page.wait_for_selector(".messagelist")
     assert "Requeued 1 dead letter" in page.inner_text(".messagelist")
@@ -111,11 +114,11 @@ def test_requeue_a_dead_letter_from_the_list(logged_in, live_server, reminder_se
     assert member(target) not in dead_members() and len(dead_members()) == 3
     target.refresh_from_db()
     assert target.status == "scheduled"
-    shot(page, "dead-letters-after-requeue")
+    shot(page, screenshots, "dead-letters-after-requeue")
 
 
 def test_batch_size_change_is_picked_up_by_a_running_worker(
-    logged_in, live_server, reminder_settings, stack
+    screenshots, logged_in, live_server, reminder_settings, stack
 ):
     worker = stack.start_reminder_worker()
     page = logged_in
@@ -136,10 +139,12 @@ def test_batch_size_change_is_picked_up_by_a_running_worker(
     wait_for(picked_up, timeout=20, interval=0.5, what="the worker to report the new version")
     text = row.locator(".cc-config-version").inner_text()
     assert text == f"v{version + 1}"
-    shot(page, "config-picked-up")
+    shot(page, screenshots, "config-picked-up")
 
 
-def test_invalid_slot_count_shows_a_form_error(logged_in, live_server, reminder_settings):
+def test_invalid_slot_count_shows_a_form_error(
+    screenshots, logged_in, live_server, reminder_settings
+):
     page = logged_in
     page.goto(f"{live_server.url}/admin/reminders/remindersettings/")
     before = ReminderSettings.objects.get()
@@ -149,4 +154,4 @@ def test_invalid_slot_count_shows_a_form_error(logged_in, live_server, reminder_
     assert re.search(r"12 is not a power of two", page.inner_text(".field-slots"))
     after = ReminderSettings.objects.get()
     assert (after.slots, after.version) == (before.slots, before.version)
-    shot(page, "config-invalid-slots")
+    shot(page, screenshots, "config-invalid-slots")

@@ -2,7 +2,7 @@
 server, real Redis and the real database: every page at 1280 and 1920 px without sideways
 scrolling, chart axes in real units, the p99 headline true to the recorded lateness within the
 histogram's stated precision, and a live refresh that does not reload the page. Screenshots go
-to ``test-artifacts/``."""
+to the ``screenshots`` directory (tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ PAGES = [
     "/admin/console/?range=5m",
     "/admin/console/",
     "/admin/console/?range=24h",
+    "/admin/console/queue/timeout.default/",
+    "/admin/console/queue/coupon.reminder/",
     "/admin/couponcenter/coupon/",
     "/admin/couponcenter/usercoupon/",
     "/admin/reminders/remindersettings/",
@@ -89,14 +91,16 @@ def populated(reminder_settings):
 
 
 @pytest.mark.parametrize("width", [1280, 1920])
-def test_every_page_fits_without_sideways_scrolling(browser, live_server, populated, width):
+def test_every_page_fits_without_sideways_scrolling(
+    screenshots, browser, live_server, populated, width
+):
     page = _signed_in(browser, live_server, width)
     for path in PAGES:
         response = page.goto(f"{live_server.url}{path}")
         assert response.status == 200, (path, response.status)
         scroll = page.evaluate("document.documentElement.scrollWidth")
         name = re.sub(r"\W+", "-", path).strip("-") or "home"
-        shot(page, f"page-{width}-{name}")
+        shot(page, screenshots, f"page-{width}-{name}")
         assert scroll <= width, f"{path} scrolls sideways at {width} px ({scroll} px wide)"
         # A list's table fits its box too (it may scroll inside it, but need not).
         clipped = page.evaluate(
@@ -106,7 +110,7 @@ def test_every_page_fits_without_sideways_scrolling(browser, live_server, popula
         assert clipped <= 1, f"{path}: the list is {clipped} px wider than its box at {width} px"
 
 
-def test_chart_axes_read_in_real_units(browser, live_server, populated):
+def test_chart_axes_read_in_real_units(screenshots, browser, live_server, populated):
     metrics.record(REMINDER_TOPIC, {"delivered": 2}, [47_000, 52_000])  # seconds late
     page = _signed_in(browser, live_server, 1280)
     page.goto(f"{live_server.url}/admin/console/")
@@ -118,10 +122,12 @@ def test_chart_axes_read_in_real_units(browser, live_server, populated):
     counts = page.locator(f"svg.cc-chart[aria-label='{REMINDER_TOPIC}: per minute']")
     # Dispatched is drawn beneath delivered, wide, so equal counts leave both visible.
     assert counts.locator("[data-line=dispatched]").first.get_attribute("stroke-width") == "5"
-    shot(page, "console-units")
+    shot(page, screenshots, "console-units")
 
 
-def test_the_p99_headline_matches_the_recorded_lateness(browser, live_server, reminder_settings):
+def test_the_p99_headline_matches_the_recorded_lateness(
+    screenshots, browser, live_server, reminder_settings
+):
     samples = [40] * 980 + [47_000] * 20  # p99 falls among the 47 s samples
     metrics.record(REMINDER_TOPIC, {"delivered": len(samples)}, samples)
     true_p99 = sorted(samples)[int(0.99 * len(samples)) - 1]
@@ -135,10 +141,12 @@ def test_the_p99_headline_matches_the_recorded_lateness(browser, live_server, re
     text = card.inner_text()
     assert re.search(r"\d+(\.\d)? s", text) and "interpolated" in text, text
     assert "60000" not in text and "ms" not in text.split("\n")[1]
-    shot(page, "console-p99")
+    shot(page, screenshots, "console-p99")
 
 
-def test_live_refresh_updates_without_reloading(browser, live_server, reminder_settings):
+def test_live_refresh_updates_without_reloading(
+    screenshots, browser, live_server, reminder_settings
+):
     page = _signed_in(browser, live_server, 1280)
     page.goto(f"{live_server.url}/admin/console/")
     page.evaluate("window.__stillHere = true")
@@ -150,10 +158,10 @@ def test_live_refresh_updates_without_reloading(browser, live_server, reminder_s
     assert page.inner_text("#total-store") == str(int(before) + 7)
     assert page.evaluate("window.__stillHere === true")  # the same document: no reload
     page.uncheck("#cc-live-toggle")
-    shot(page, "console-live")
+    shot(page, screenshots, "console-live")
 
 
-def test_search_and_bulk_cancel_timeout_jobs(browser, live_server, populated):
+def test_search_and_bulk_cancel_timeout_jobs(screenshots, browser, live_server, populated):
     """Look a job up by its business key; then cancel a filtered selection, behind a
     confirmation page."""
     page = _signed_in(browser, live_server, 1280)
@@ -167,7 +175,7 @@ def test_search_and_bulk_cancel_timeout_jobs(browser, live_server, populated):
     page.wait_for_selector("#tj-confirm")
     assert page.inner_text("#tj-confirm-count") == "20"
     assert TimeoutJob.objects.filter(status=TimeoutJob.Status.PENDING).count() == 20
-    shot(page, "timeouts-bulk-cancel-confirm")
+    shot(page, screenshots, "timeouts-bulk-cancel-confirm")
     page.click("#tj-confirm")
     page.wait_for_selector(".messagelist")
     assert "Cancelled 20 job(s)" in page.inner_text(".messagelist")

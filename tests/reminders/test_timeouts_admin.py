@@ -12,6 +12,7 @@ from django.urls import reverse
 from reminders.engine import queue
 from reminders.models import TimeoutJob
 from reminders.services import timeout_job_create
+from tests.support.console import kill_timeout_jobs
 from tests.support.factories import UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -121,3 +122,55 @@ def test_the_console_counts_what_is_due_in_the_next_hour(admin):
     cells = [c.split("</td>")[0] for c in row.split("<td>")[1:]]
     assert cells[:6] == ["0", "3", "0", "0", "0", "0"], cells  # the 10-20 min window
     assert "<strong>3</strong>" in row
+
+
+# --- the job page: read-only history, its own buttons --------------------------------------------
+
+
+def test_a_finished_job_page_is_read_only_with_plain_labels(admin):
+    job = timeout_job_create(topic=TOPIC, biz_type="order", biz_id="R-1", action_time=WHEN)
+    TimeoutJob.objects.filter(pk=job.pk).update(status=TimeoutJob.Status.PROCESSED)
+    page = admin.get(reverse("admin:reminders_timeoutjob_change", args=[job.pk])).content.decode()
+    for offered in ('name="_save"', 'name="_addanother"', 'name="_continue"', "deletelink"):
+        assert offered not in page
+    assert "Gmt create" not in page and "Gmt modified" not in page
+    assert "Created" in page and "Last changed" in page
+    assert 'id="tj-cancel"' not in page and 'id="tj-requeue"' not in page
+
+
+def test_a_pending_job_can_be_moved_and_cancelled_from_its_page(admin):
+    job = timeout_job_create(topic=TOPIC, biz_type="order", biz_id="R-2", action_time=WHEN)
+    url = reverse("admin:reminders_timeoutjob_change", args=[job.pk])
+    page = admin.get(url).content.decode()
+    assert 'name="_save"' in page and 'name="_addanother"' not in page
+    assert "deletelink" not in page and 'id="tj-requeue"' not in page
+    assert 'id="tj-cancel"' in page
+    assert admin.get(reverse("admin:reminders_timeoutjob_cancel", args=[job.pk])).status_code == 403
+    response = admin.post(reverse("admin:reminders_timeoutjob_cancel", args=[job.pk]))
+    assert response.status_code == 302 and response["Location"] == url
+    job.refresh_from_db()
+    assert job.status == TimeoutJob.Status.CANCELLED and _due(job) is None
+
+
+def test_a_dead_job_is_requeued_from_its_page(admin):
+    job = timeout_job_create(topic=TOPIC, biz_type="order", biz_id="R-3", action_time=WHEN)
+    kill_timeout_jobs([job], error="HTTP 503")
+    url = reverse("admin:reminders_timeoutjob_change", args=[job.pk])
+    page = admin.get(url).content.decode()
+    assert 'id="tj-requeue"' in page and 'id="tj-cancel"' not in page
+    assert '<span id="tj-error">HTTP 503</span>' in page  # current: the job is dead of it
+    admin.post(reverse("admin:reminders_timeoutjob_requeue", args=[job.pk]))
+    job.refresh_from_db()
+    assert job.status == TimeoutJob.Status.PENDING
+    assert queue.place(TOPIC, job.slot, str(job.pk)).where == "scheduled"
+
+
+def test_an_error_before_a_success_reads_as_history(admin):
+    job = timeout_job_create(topic=TOPIC, biz_type="order", biz_id="R-4", action_time=WHEN)
+    TimeoutJob.objects.filter(pk=job.pk).update(
+        status=TimeoutJob.Status.PROCESSED, attempts=2, last_error="HTTP 503"
+    )
+    page = admin.get(reverse("admin:reminders_timeoutjob_change", args=[job.pk])).content.decode()
+    assert "none now (processed); before that: HTTP 503" in page
+    listing = admin.get(reverse("admin:reminders_timeoutjob_changelist")).content.decode()
+    assert '<span class="tj-earlier">earlier: HTTP 503</span>' in listing

@@ -17,7 +17,7 @@ from reminders.engine import keys, queue, scripts
 from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC
 from reminders.members import member as reminder_member
-from reminders.models import ReminderSubscription
+from reminders.models import ReminderSubscription, TimeoutJob
 from reminders.services import subscription_subscribe
 from tests.support.factories import CouponFactory
 
@@ -57,6 +57,28 @@ def kill_reminders(subs, *, error: str = "gateway said 503") -> None:
         scripts.lease_release(client, keys.slot_keys(REMINDER_TOPIC, slot).lease, token=token)
     ReminderSubscription.objects.filter(pk__in=[s.pk for s in subs]).update(
         status=ReminderSubscription.Status.FAILED
+    )
+
+
+def kill_timeout_jobs(jobs, *, error: str = "HTTP 503") -> None:
+    """These timeout jobs dead in Redis and in their rows, as a worker leaves one past its
+    attempts; whatever else of their slots the claim took goes back, due as it was."""
+    client = scripts_client()
+    by_slot: dict[tuple[str, int], set[str]] = {}
+    for job in jobs:
+        by_slot.setdefault((job.topic, job.slot), set()).add(str(job.pk))
+    for (topic, slot), ids in by_slot.items():
+        k = keys.slot_keys(topic, slot)
+        token = scripts.lease_acquire(client, k, holder="console-test", ttl_ms=60_000)
+        # Whatever is due within a day (a far later "now" would overflow the prepare scores
+        # that unclaim checks: deadline * 1000 + attempt must stay an exact double).
+        claimed = queue.claim(topic, slot, now_ms=epoch_ms() + 86_400_000, limit=10_000,
+                              visibility_ms=60_000, lease_token=token)  # fmt: skip
+        queue.bury(topic, slot, [(i, error) for i in ids], now_ms=epoch_ms(), lease_token=token)
+        queue.unclaim(topic, slot, [c for c in claimed if c.job_id not in ids])
+        scripts.lease_release(client, k.lease, token=token)
+    TimeoutJob.objects.filter(pk__in=[j.pk for j in jobs]).update(
+        status=TimeoutJob.Status.DEAD, attempts=1, last_error=error
     )
 
 

@@ -1,6 +1,7 @@
 --[[ rate_take: a token bucket shared by every worker (a topic's rate limit).
 
-KEYS[1] bucket HASH: t = tokens (float), ms = when they were counted, throttled = entries refused
+KEYS[1] bucket HASH: t = tokens (float), ms = when they were counted, throttled = due jobs held
+        back by the limit (``rates.held_back``; tokens asked for are not jobs)
 ARGV[1] rate per second   ARGV[2] burst (bucket size)   ARGV[3] now_ms   ARGV[4] wanted
 ARGV[5] given back (unused tokens of an earlier take; 0 for a take)
 Returns: the tokens granted (0..wanted), as an integer.
@@ -26,9 +27,6 @@ local granted = math.min(wanted, math.floor(tokens))
 if granted < 0 then granted = 0 end
 tokens = tokens - granted
 redis.call('HSET', KEYS[1], 't', tostring(tokens), 'ms', tostring(at))
-if granted < wanted then
-  redis.call('HINCRBY', KEYS[1], 'throttled', wanted - granted)
-end
 -- An idle bucket is full again after burst / rate seconds: it may go then.
 redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 60000)
 return granted

@@ -99,6 +99,15 @@ def due_before(
     return [member for _, member in rows[:limit]]
 
 
+def due_count(topic: str, slot: int, *, now_ms: int, client: Client | None = None) -> int:
+    """How many scheduled entries of one slot are due by ``now_ms`` (two ZCOUNTs)."""
+    k = slot_keys(topic, slot)
+    pipe = connection.client(client).pipeline(transaction=False)
+    for key in (k.store, k.later):
+        pipe.zcount(key, "-inf", now_ms)
+    return sum(pipe.execute())
+
+
 def due_between(
     topic: str,
     slots: range | list[int],

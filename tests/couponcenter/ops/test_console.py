@@ -447,7 +447,7 @@ def test_coupon_change_page_shows_counts(staff, overdue):
     html = html.decode()
     readonly = r':\s*</label>\s*<div class="readonly">'
     assert re.search(r"Subscribed \(reminders scheduled\)" + readonly + "12<", html)
-    assert re.search("Expired" + readonly + "1<", html)
+    assert re.search("Expired" + readonly + '<a id="coupon-expired" href="[^"]+">1</a><', html)
 
 
 def test_move_opening_time_goes_through_the_service(

@@ -360,7 +360,10 @@ LOGGING = {
         },
         "json": {"()": "couponcenter.core.logging.JsonFormatter"},
     },
-    "filters": {"as_warning": {"()": "couponcenter.core.logging.AsWarning"}},
+    "filters": {
+        "as_warning": {"()": "couponcenter.core.logging.AsWarning"},
+        "conflict_as_debug": {"()": "couponcenter.core.logging.ConflictAsDebug"},
+    },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "json" if LOG_JSON else "plain"}
     },
@@ -370,6 +373,7 @@ LOGGING = {
         # warning twice: the root's handler alone.
         "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.db.backends": {"level": "WARNING"},
+        "django.request": {"filters": ["conflict_as_debug"]},
         "axes": {"level": "WARNING"},  # not "AXES: BEGIN version ..." at every start
         # A body over DATA_UPLOAD_MAX_MEMORY_SIZE is the client's fault: a warning, no traceback.
         "django.security.RequestDataTooBig": {"filters": ["as_warning"]},

@@ -48,6 +48,19 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class ConflictAsDebug(logging.Filter):
+    """A 409 is a business answer the client expects (sold out, not open yet, a key in use),
+    not a problem of the service: DEBUG, where Django's ``django.request`` logs it as a WARNING
+    (during a sale, one a refused claim)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "status_code", None) != 409:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        # The logger let it through as a WARNING: ask again for its new level.
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
 class AsWarning(logging.Filter):
     """Log the record as a WARNING without its traceback: for events that are the client's fault
     (a body over the size limit), which Django logs as errors with a traceback."""

@@ -362,7 +362,8 @@ LOGGING = {
     },
     "filters": {
         "as_warning": {"()": "couponcenter.core.logging.AsWarning"},
-        "conflict_as_debug": {"()": "couponcenter.core.logging.ConflictAsDebug"},
+        "conflict_as_debug": {"()": "couponcenter.core.logging.ExpectedConflict"},
+        "conflict_as_info": {"()": "couponcenter.core.logging.ExpectedConflict", "level": "INFO"},
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "json" if LOG_JSON else "plain"}
@@ -374,6 +375,9 @@ LOGGING = {
         "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.db.backends": {"level": "WARNING"},
         "django.request": {"filters": ["conflict_as_debug"]},
+        # runserver's access log (`make run`), to the root's handler as before (Django's own
+        # default gives it a handler of its own and no propagation).
+        "django.server": {"filters": ["conflict_as_info"], "propagate": True},
         "axes": {"level": "WARNING"},  # not "AXES: BEGIN version ..." at every start
         # A body over DATA_UPLOAD_MAX_MEMORY_SIZE is the client's fault: a warning, no traceback.
         "django.security.RequestDataTooBig": {"filters": ["as_warning"]},

@@ -145,7 +145,7 @@ def test_a_process_logs_a_forged_line_as_one_record():
 @pytest.mark.django_db
 def test_an_expected_409_is_not_a_warning_and_a_404_still_is(client, caplog):
     """A business refusal (here: not open yet) is the answer the client expects; Django's
-    ``django.request`` WARNING is kept for the rest (``ConflictAsDebug``)."""
+    ``django.request`` WARNING is kept for the rest (``ExpectedConflict``)."""
     _, token = api_user(end_user_id=5)
     coupon = CouponFactory(claim_opens_at=timezone.now() + timedelta(hours=1))
     auth = {"HTTP_AUTHORIZATION": f"Token {token}"}
@@ -157,3 +157,12 @@ def test_an_expected_409_is_not_a_warning_and_a_404_still_is(client, caplog):
     assert missing.status_code == 404
     logged = [(r.levelname, r.status_code) for r in caplog.records if r.name == "django.request"]
     assert logged == [("WARNING", 404)]
+
+
+def test_the_development_server_logs_a_409_as_info_and_a_404_as_a_warning(caplog):
+    """``make run``'s access log (runserver's ``django.server``) keeps every line, a 409 at INFO."""
+    server = logging.getLogger("django.server")
+    with caplog.at_level(logging.INFO):
+        server.warning('"POST /api/users/5/coupons/ HTTP/1.1" 409 111', extra={"status_code": 409})
+        server.warning('"GET /api/nothing/ HTTP/1.1" 404 23', extra={"status_code": 404})
+    assert [(r.levelname, r.status_code) for r in caplog.records] == [("INFO", 409), ("WARNING", 404)]

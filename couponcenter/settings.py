@@ -60,7 +60,10 @@ DEV_SECRET_KEY = "django-insecure-coupon-center-development-key-do-not-use-in-pr
 DEBUG = _env_bool("DEBUG", False)
 SECRET_KEY = os.environ.get("SECRET_KEY", DEV_SECRET_KEY)
 if not DEBUG and SECRET_KEY == DEV_SECRET_KEY:
-    raise ImproperlyConfigured("SECRET_KEY must be set in production (DEBUG is off)")
+    raise ImproperlyConfigured(
+        "SECRET_KEY must be set in production (DEBUG is off); for development give DEBUG=1, as "
+        "`make run` does (DEBUG=1 .venv/bin/python manage.py ...)"
+    )
 ALLOWED_HOSTS = _env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS", "")
 

@@ -40,9 +40,9 @@ def test_the_alert_names_its_topic_and_error_in_the_title(settings, servers, cap
     servers.append(hook)
     settings.ALERT_WEBHOOK_URL = f"{hook.origin}/hooks/T000"
     with caplog.at_level(logging.ERROR, logger="reminders.alerts"):
-        raise_alert(title="3 timeout jobs dead", details={"topic": "order.close", "error": "x" * 900})
+        raise_alert(title="3 timeout jobs dead", details={"topic": "t.close", "error": "x" * 900})
     [line] = [r.getMessage() for r in caplog.records]
-    assert line == f"ALERT 3 timeout jobs dead on order.close: {'x' * 200}"
+    assert line == f"ALERT 3 timeout jobs dead on t.close: {'x' * 200}"
     [(_, _, body)] = hook.requests
     posted = json.loads(body)
     assert posted["title"] == line.removeprefix("ALERT ")

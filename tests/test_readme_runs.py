@@ -5,16 +5,17 @@ every answer the README shows is checked.
 
 What runs is the README's text. The shell gets only what a second terminal in the project's
 directory would have under ``make run``: no ``DEBUG``, no ``SECRET_KEY``; the database, Redis and
-``var/`` of this test in place of the embedded defaults; ``CC`` (the README's
-``CC=${CC:-http://127.0.0.1:8000}``) set to the port the web process got. ``curl`` is wrapped only
-to write each answer's status to stderr (``-w '%{stderr}...'``), which leaves its output as it was.
+``var/`` of this test in place of the embedded defaults; ``COUPONCENTER_URL`` (the README's
+``COUPONCENTER_URL=${COUPONCENTER_URL:-http://127.0.0.1:8000}``) set to the web process's address.
+``curl`` is wrapped only to write each answer's status to stderr (``-w '%{stderr}...'``), which
+leaves its output as it was.
 
 How the README shows an answer, on the line right under a command:
 
 - ``# -> 201 {"status": "scheduled", ...}``: the status, then the answer's JSON, where ``...``
   stands for the other members of an object or elements of a list, for any value, or inside a
   string for any text. Members not shown and not covered by ``...`` must not be there.
-- ``# in 15 s -> 200 {...}``: words before the arrow say the answer comes later: the command is run
+- ``# in 10 s -> 200 {...}``: words before the arrow say the answer comes later: the command is run
   again until it gives that answer (or the test's deadline passes).
 - ``# -> 200`` checks the status alone; an answer that is not JSON (no status: not a ``curl``) is
   matched as text, ``...`` standing for any text.
@@ -266,7 +267,8 @@ class Shell:
         """The step's exit status, its output and the statuses of its ``curl`` calls."""
         self.count += 1
         out, err = self.log_dir / f"step-{self.count}.out", self.log_dir / f"step-{self.count}.err"
-        code = self._send(f"{{\n{command}\n}} >{out} 2>{err}")
+        # stdin from /dev/null: a command reading it must not eat the steps that follow.
+        code = self._send(f"{{\n{command}\n}} >{out} 2>{err} </dev/null")
         statuses = [int(s) for s in re.findall(r"^HTTP (\d{3})$", err.read_text(), re.MULTILINE)]
         return code, out.read_text(), statuses
 
@@ -327,7 +329,8 @@ def _serving(url: str) -> bool:
 
 def terminal_env(url: str) -> dict[str, str]:
     """A second terminal's environment under ``make run``: nothing of the Makefile's (``DEBUG``),
-    this test's database, Redis and ``var/`` (stand-ins for the embedded defaults), and ``CC``."""
+    this test's database, Redis and ``var/`` (stand-ins for the embedded defaults), and where the
+    web process serves."""
     env = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY"}}
     env.update(
         DATABASE_URL=database_url(),
@@ -335,7 +338,7 @@ def terminal_env(url: str) -> dict[str, str]:
         REDIS_KEY_PREFIX=settings.REDIS_KEY_PREFIX,
         COUPONCENTER_REDIS_AUTOSTART="0",
         PYTHONPATH=str(ROOT),
-        CC=url,
+        COUPONCENTER_URL=url,
     )
     return env
 

@@ -60,7 +60,10 @@ DEV_SECRET_KEY = "django-insecure-coupon-center-development-key-do-not-use-in-pr
 DEBUG = _env_bool("DEBUG", False)
 SECRET_KEY = os.environ.get("SECRET_KEY", DEV_SECRET_KEY)
 if not DEBUG and SECRET_KEY == DEV_SECRET_KEY:
-    raise ImproperlyConfigured("SECRET_KEY must be set in production (DEBUG is off)")
+    raise ImproperlyConfigured(
+        "SECRET_KEY must be set in production (DEBUG is off); for development give DEBUG=1, as "
+        "`make run` does (DEBUG=1 .venv/bin/python manage.py ...)"
+    )
 ALLOWED_HOSTS = _env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS", "")
 
@@ -387,7 +390,11 @@ LOGGING = {
         },
         "json": {"()": "couponcenter.core.logging.JsonFormatter"},
     },
-    "filters": {"as_warning": {"()": "couponcenter.core.logging.AsWarning"}},
+    "filters": {
+        "as_warning": {"()": "couponcenter.core.logging.AsWarning"},
+        "conflict_as_debug": {"()": "couponcenter.core.logging.ExpectedConflict"},
+        "conflict_as_info": {"()": "couponcenter.core.logging.ExpectedConflict", "level": "INFO"},
+    },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "json" if LOG_JSON else "plain"}
     },
@@ -397,6 +404,10 @@ LOGGING = {
         # warning twice: the root's handler alone.
         "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.db.backends": {"level": "WARNING"},
+        "django.request": {"filters": ["conflict_as_debug"]},
+        # runserver's access log (`make run`), to the root's handler as before (Django's own
+        # default gives it a handler of its own and no propagation).
+        "django.server": {"filters": ["conflict_as_info"], "propagate": True},
         "axes": {"level": "WARNING"},  # not "AXES: BEGIN version ..." at every start
         # A body over DATA_UPLOAD_MAX_MEMORY_SIZE is the client's fault: a warning, no traceback.
         "django.security.RequestDataTooBig": {"filters": ["as_warning"]},

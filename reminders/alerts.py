@@ -13,10 +13,14 @@ from django.conf import settings
 from couponcenter.core.webhooks import guarded_session, origin
 
 logger = logging.getLogger(__name__)
+ERROR_IN_TITLE = 200  # characters of the error in a headline; the details carry it whole
 
 
 def raise_alert(*, title: str, details: dict[str, Any]) -> None:
-    """A structured error log line, and a chat-friendly POST to ``ALERT_WEBHOOK_URL`` if set."""
+    """A structured error log line, and a chat-friendly POST to ``ALERT_WEBHOOK_URL`` if set.
+    The title names the topic and the first error when ``details`` has them: an operator who
+    reads only the headline (a plain-text log, a chat notification) knows where to look."""
+    title = headline(title, details)
     logger.error("ALERT %s", title, extra={"alert": title, **details})
     url = settings.ALERT_WEBHOOK_URL
     if not url:
@@ -37,3 +41,12 @@ def raise_alert(*, title: str, details: dict[str, Any]) -> None:
         failure = exc.__class__.__name__
     if failure:
         logger.error("alert webhook failed: %s from %s", failure, origin(url))
+
+
+def headline(title: str, details: dict[str, Any]) -> str:
+    """``title`` with the topic and the error of ``details``, as one line."""
+    if details.get("topic"):
+        title = f"{title} on {details['topic']}"
+    if details.get("error"):
+        title = f"{title}: {str(details['error'])[:ERROR_IN_TITLE]}"
+    return title

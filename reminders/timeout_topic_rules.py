@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.utils.crypto import salted_hmac
 
+from couponcenter.core import webhooks
 from couponcenter.core.webhooks import secret_problem
 from reminders.engine.knobs import (
     BACKOFF_BASE_MS,
@@ -127,8 +128,15 @@ def spec_problems(spec: TimeoutTopicSpec, *, secret_what: str = "the secret") ->
         scheme = urlsplit(spec.url).scheme.lower()
         if scheme not in ("http", "https") or not urlsplit(spec.url).hostname:
             problems["target"] = "an http topic needs an https:// URL"
-        elif scheme == "http" and not spec.allow_http and spec.read_only is False:
-            problems["target"] = "plain-HTTP URL refused: use https:// or allow plain HTTP"
+        elif (
+            scheme == "http"
+            and not webhooks.plain_http_allowed(allow_http=spec.allow_http)
+            and spec.read_only is False
+        ):
+            problems["target"] = (
+                "plain-HTTP URL refused: use https://, allow plain HTTP on this topic "
+                "(allow_http) or everywhere (WEBHOOK_ALLOW_HTTP=1)"
+            )
         problem = secret_problem(spec.secret, what=secret_what)
         if problem:
             problems["secret"] = problem

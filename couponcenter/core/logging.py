@@ -48,6 +48,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class ExpectedConflict(logging.Filter):
+    """A 409 is a business answer the client expects (sold out, not open yet, a key in use),
+    not a problem of the service: logged at ``level``, where Django logs it as a WARNING (during
+    a sale, one per refused claim): ``django.request`` at DEBUG, the development server's access
+    log (``django.server``) at INFO, as its other lines."""
+
+    def __init__(self, level: str = "DEBUG") -> None:
+        super().__init__()
+        self.level = logging.getLevelName(level)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "status_code", None) != 409:
+            return True
+        record.levelno, record.levelname = self.level, logging.getLevelName(self.level)
+        # The logger let it through as a WARNING: ask again for its new level.
+        return logging.getLogger(record.name).isEnabledFor(self.level)
+
+
 class AsWarning(logging.Filter):
     """Log the record as a WARNING without its traceback: for events that are the client's fault
     (a body over the size limit), which Django logs as errors with a traceback."""

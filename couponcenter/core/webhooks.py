@@ -311,10 +311,17 @@ def _refused_private(exc: BaseException) -> str | None:
     return None
 
 
+def plain_http_allowed(*, allow_http: bool = False) -> bool:
+    """The one rule for plain-HTTP targets: allowed for every target with
+    ``WEBHOOK_ALLOW_HTTP`` (on under ``make run``), else only where a topic's own ``allow_http``
+    says so. Checked when a topic is saved and again before every call."""
+    return allow_http or settings.WEBHOOK_ALLOW_HTTP
+
+
 def check_target(url: str, *, what: str = "target", allow_http: bool = False) -> None:
     """Raises ``ValueError`` for a target this service may not call (``allow_http``: this
     target may be plain HTTP, as a topic's operator allowed, whatever ``WEBHOOK_ALLOW_HTTP``)."""
-    if urlsplit(url).scheme.lower() == "http" and not (allow_http or settings.WEBHOOK_ALLOW_HTTP):
+    if urlsplit(url).scheme.lower() == "http" and not plain_http_allowed(allow_http=allow_http):
         raise ValueError(f"plain-HTTP {what} refused: {origin(url)} (set WEBHOOK_ALLOW_HTTP=1)")
 
 

@@ -28,7 +28,7 @@ from couponcenter.core import tracing
 from couponcenter.core.time import utc_text
 from couponcenter.core.webhooks import post_signed
 from reminders import metrics
-from reminders.alerts import raise_alert
+from reminders.alerts import headline, raise_alert
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
@@ -267,10 +267,10 @@ def _report_ended(spec: TimeoutTopicSpec, ended: dict[int, str]) -> None:
 
 
 def _report_failed(spec: TimeoutTopicSpec, failed: list[Fired], dead: list[Fired]) -> None:
+    summary = f"{len(failed)} timeout jobs failed ({len(dead)} dead)"
     logger.warning(
-        "%d timeout jobs failed (%d dead)",
-        len(failed),
-        len(dead),
+        "%s",
+        headline(summary, {"topic": spec.name, "error": failed[0].error}),
         extra={
             "topic": spec.name,
             "jobs": [f.job.pk for f in failed[:20]],

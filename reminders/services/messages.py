@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -157,9 +157,17 @@ def _when(opens_at: datetime | None, now: datetime) -> str:
     payload carries the exact time for the client's own zone), or that it is open already."""
     if opens_at is None or opens_at <= now:
         return "now"
-    local = timezone.localtime(opens_at)
+    local = timezone.localtime(_whole_second_up(opens_at))
     day = "" if local.date() == timezone.localtime(now).date() else f"{local:%Y-%m-%d} "
-    return f"at {day}{local:%H:%M} {local.tzname()}"
+    clock = f"{local:%H:%M}" if local.second == 0 else f"{local:%H:%M:%S}"
+    return f"at {day}{clock} {local.tzname()}"
+
+
+def _whole_second_up(moment: datetime) -> datetime:
+    """Rounded up, never down: a user who taps at the time shown must find the coupon open."""
+    if moment.microsecond == 0:
+        return moment
+    return moment.replace(microsecond=0) + timedelta(seconds=1)
 
 
 def _message(

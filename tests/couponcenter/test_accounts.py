@@ -53,6 +53,7 @@ def test_an_end_user_account_acts_for_its_user_only(staff):
     assert app.post("/api/timeouts/", {}).status_code == 403
     user = get_user_model().objects.get(username="app-4242")
     assert not user.has_usable_password() and not user.is_staff
+    assert body["id"] == user.pk  # what a timeout topic's owner_user takes
 
 
 def test_an_update_keeps_the_token_and_sets_exactly_the_permissions_asked(staff):

@@ -46,6 +46,7 @@ def test_debug_off_with_the_development_key_refuses_to_start():
     done = manage("check", env=env)
     assert done.returncode != 0
     assert "SECRET_KEY must be set" in done.stderr
+    assert "DEBUG=1" in done.stderr  # and says what a developer gives instead
 
 
 def test_secrets_come_from_the_environment():

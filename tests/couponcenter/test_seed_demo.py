@@ -67,11 +67,18 @@ def test_seed_demo_accounts_use_tokens_not_passwords(anon):
     assert anon.get("/api/users/1002/coupons/").status_code == 403
 
 
-def test_seed_demo_moves_the_soon_coupon_once_it_opened():
+def test_seed_demo_moves_the_soon_coupon_only_when_asked():
+    """``make run`` seeds on every start: a rerun leaves the demo coupon where it was, and
+    ``--reopen-soon`` moves it 3 minutes out again once it opened."""
     seed()
     soon = Coupon.objects.get(name="Demo: opens in 3 minutes")
-    Coupon.objects.filter(pk=soon.pk).update(claim_opens_at=timezone.now() - timedelta(hours=1))
-    seed()
+    opened = timezone.now() - timedelta(hours=1)
+    Coupon.objects.filter(pk=soon.pk).update(claim_opens_at=opened)
+    out = seed()
+    soon.refresh_from_db()
+    assert soon.claim_opens_at == opened and "moved" not in out
+    assert "--reopen-soon" in out  # says how to move it
+    call_command("seed_demo", "--reopen-soon", stdout=io.StringIO())
     soon.refresh_from_db()
     assert soon.claim_opens_at > timezone.now() + timedelta(minutes=2)
 

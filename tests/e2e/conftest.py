@@ -98,6 +98,7 @@ class Stack:
     log_dir: Path
     env: dict[str, str]
     procs: list[Proc] = field(default_factory=list)
+    cwd: Path | None = None  # where the processes run: the project root unless given
 
     def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         log = self.log_dir / f"{name}-{len(self.procs)}.log"
@@ -105,7 +106,7 @@ class Stack:
             popen = subprocess.Popen(
                 argv,
                 env=self.env if env is None else env,
-                cwd=settings.BASE_DIR,
+                cwd=self.cwd or settings.BASE_DIR,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: kill() takes the children too

@@ -92,9 +92,12 @@ def test_the_main_flows_through_a_generated_client(client_module, live_server, e
     assert isinstance(bad, _model("ValidationError")), bad
     assert "valid_for" in bad.errors.additional_properties
 
-    # Create: one coupon opening in 30 s (its reminder is due now), one open already.
+    # Create: one coupon opening in 30 s (its reminder is due now), one open already; the
+    # opening on a whole second that is not a whole minute, as the message says it.
+    opens = now.replace(microsecond=0) + timedelta(seconds=30)
+    opens += timedelta(seconds=1) if opens.second == 0 else timedelta(0)
     soon = coupons.coupons_create.sync(client=staff, body=coupon_input(
-        name="Lunch deal", claim_opens_at=now + timedelta(seconds=30), total_stock=10,
+        name="Lunch deal", claim_opens_at=opens, total_stock=10,
         valid_for="P7D"))  # fmt: skip
     open_now = coupons.coupons_create.sync(client=staff, body=coupon_input(
         name="Coffee", claim_opens_at=now - timedelta(seconds=1), total_stock=10,
@@ -112,7 +115,7 @@ def test_the_main_flows_through_a_generated_client(client_module, live_server, e
         worker.shutdown()
     inbox = users.users_notifications_list.sync(USER, client=app, unread=True)
     assert [n.title for n in inbox.results] == [
-        f"Lunch deal opens at {timezone.localtime(soon.claim_opens_at):%H:%M %Z}"
+        f"Lunch deal opens at {timezone.localtime(soon.claim_opens_at):%H:%M:%S %Z}"
     ]
     read = users.users_notifications_read_all.sync(USER, client=app)
     assert read.marked == 1

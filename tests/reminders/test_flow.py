@@ -1,6 +1,6 @@
 """Subscribe → dispatch → deliver, in-process against the real database and Redis."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -12,7 +12,7 @@ from reminders.engine import queue
 from reminders.members import REMINDER_TOPIC
 from reminders.models import Notification, ReminderSubscription
 from reminders.runtime.worker import build_worker
-from reminders.services import subscription_subscribe, subscription_unsubscribe
+from reminders.services import messages, subscription_subscribe, subscription_unsubscribe
 from tests.support.factories import CouponFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -56,7 +56,9 @@ def test_due_reminder_lands_in_inbox_once(eager_celery, reminder_settings):
 def test_the_wording_stays_true_however_late_it_is_read(eager_celery, reminder_settings):
     """On time: the opening as a clock time (not "opens in 1 minute", false a minute later);
     delivered after the opening: it says the coupon is open."""
-    on_time = _coupon(30)
+    opens = timezone.now().replace(microsecond=0) + timedelta(seconds=30)
+    opens += timedelta(seconds=1) if opens.second == 0 else timedelta(0)
+    on_time = CouponFactory(claim_opens_at=opens)
     subscription_subscribe(user_id=11, coupon=on_time)
     late = _coupon(30)
     subscription_subscribe(user_id=12, coupon=late)
@@ -65,9 +67,25 @@ def test_the_wording_stays_true_however_late_it_is_read(eager_celery, reminder_s
     _drain()
     local = timezone.localtime(on_time.claim_opens_at)
     note = Notification.objects.get(user_id=11)
-    assert note.title == f"{on_time.name} opens at {local:%H:%M} {local.tzname()}"
+    assert note.title == f"{on_time.name} opens at {local:%H:%M:%S} {local.tzname()}"
     assert note.payload["coupons"][0]["claim_opens_at"] == utc_text(on_time.claim_opens_at)
     assert Notification.objects.get(user_id=12).title == f"{late.name} is open now"
+
+
+@pytest.mark.parametrize(
+    ("opens", "said"),
+    [
+        ("11:35:45", "at 11:35:45 UTC"),  # the exact time, not 11:35 (a tap at 11:35:10 is 409)
+        ("11:35:00", "at 11:35 UTC"),  # on the minute: the minute says it exactly
+        ("11:35:44.300000", "at 11:35:45 UTC"),  # rounded up, never down
+        ("11:59:59.000001", "at 12:00 UTC"),
+    ],
+)
+def test_the_opening_time_is_never_said_earlier_than_it_is(settings, opens, said):
+    settings.TIME_ZONE = "UTC"
+    day = "2026-11-27T"
+    now = datetime.fromisoformat(f"{day}09:00:00+00:00")
+    assert messages._when(datetime.fromisoformat(f"{day}{opens}+00:00"), now) == said
 
 
 def test_future_reminder_waits(eager_celery, reminder_settings):

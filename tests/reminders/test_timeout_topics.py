@@ -83,14 +83,25 @@ def _job(topic: str, biz_id: str, *, in_s: float = -1, capture=None, **fields) -
         ({"type": "log", "concurrency": 0}, "concurrency", "greater than or equal to 1"),
     ],
 )  # fmt: skip
-def test_a_bad_topic_is_refused_by_field_and_nothing_is_saved(fields, field, words):
+def test_a_bad_topic_is_refused_by_field_and_nothing_is_saved(settings, fields, field, words):
+    settings.WEBHOOK_ALLOW_HTTP = False
     with pytest.raises(ValidationError) as refused:
         timeout_topic_save(topic=TimeoutTopic(name="t.bad"), **fields)
     assert words in " ".join(refused.value.message_dict[field])
     assert not TimeoutTopic.objects.filter(name="t.bad").exists()
 
 
-def test_plain_http_only_when_the_topic_allows_it():
+def test_plain_http_only_when_the_topic_or_the_service_allows_it(settings):
+    """One rule for saving a topic and for calling it (``webhooks.plain_http_allowed``): the
+    topic's own ``allow_http``, or ``WEBHOOK_ALLOW_HTTP`` for every target (``make run``)."""
+    settings.WEBHOOK_ALLOW_HTTP = False
+    with pytest.raises(ValidationError) as refused:
+        _topic("t.local", type="http", target="http://127.0.0.1:9/x", secret=SECRET)
+    assert "WEBHOOK_ALLOW_HTTP" in " ".join(refused.value.message_dict["target"])
+    settings.WEBHOOK_ALLOW_HTTP = True
+    assert _topic("t.local", type="http", target="http://127.0.0.1:9/x", secret=SECRET).pk
+    assert timeout_topic_spec("t.local").allow_http is False
+    settings.WEBHOOK_ALLOW_HTTP = False
     topic = _topic("t.plain", type="http", target="http://127.0.0.1:9/x", secret=SECRET,
                    allow_http=True)  # fmt: skip
     assert timeout_topic_spec("t.plain").allow_http is True

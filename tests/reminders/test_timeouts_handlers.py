@@ -7,6 +7,7 @@ local HTTP server on 127.0.0.1, whose requests are checked for their signature.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -290,6 +291,22 @@ def test_plain_http_is_refused_unless_allowed(topics, make_job, webhook, setting
     assert "plain-HTTP target refused" in job.last_error
     [dead] = queue.list_dead("t.http", job.slot)
     assert "plain-HTTP target refused" in dead.last_error
+
+
+def test_the_failure_log_line_and_the_alert_name_the_topic_and_the_error(
+    topics, make_job, webhook, settings, caplog
+):
+    """Read in a plain-text log or a chat notification, the headline alone says where to look."""
+    settings.WEBHOOK_ALLOW_HTTP = True
+    webhook.status = 500
+    _http_topic(topics, webhook, max_attempts=1)
+    make_job("t.http")
+    with caplog.at_level(logging.WARNING):
+        assert drain("t.http").dead == 1
+    [failed] = [r.getMessage() for r in caplog.records if "timeout jobs failed" in r.getMessage()]
+    [alert] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ALERT")]
+    for line in (failed, alert):
+        assert " on t.http: " in line and "500" in line, line
 
 
 def test_unreachable_http_target_is_retried(topics, make_job, webhook, settings):

@@ -5,7 +5,9 @@
 - 409 ``{"code": "<reason>", "detail": "..."}`` for business refusals, with what a client needs to
   act on some of them (``opens_at`` for ``not_open``, ``closed_at`` for ``closed``);
 - 401/403/404/405/415/429 ``{"detail": "..."}``: DRF's own shape; a quota's 429 adds
-  ``{"code": "quota_exceeded", "quota": "<setting>", "limit": n}`` and ``Retry-After`` (seconds).
+  ``{"code": "quota_exceeded", "quota": "<setting>", "limit": n}`` and ``Retry-After`` (seconds);
+- 413 ``{"errors": {"non_field_errors": [...]}}`` for a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``,
+  with ``DEBUG`` on or off.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from couponcenter.core.errors import BusinessError, QuotaExceeded
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, RequestDataTooBig):
+        # Answered here, not left to Django: with DEBUG on Django would answer its text/plain
+        # debug page instead of ``handler400``, and the API's errors must not depend on DEBUG.
+        return Response(_too_big_body(), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, BusinessError):
         body = {"code": exc.code, "detail": exc.message, **exc.extra}
         return Response(body, status=status.HTTP_409_CONFLICT)
@@ -47,6 +53,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             data = {api_settings.NON_FIELD_ERRORS_KEY: data}
         response.data = {"errors": data}
     return response
+
+
+def _too_big_body() -> dict[str, dict[str, list[str]]]:
+    return {"errors": {api_settings.NON_FIELD_ERRORS_KEY: ["The request body is too large."]}}
 
 
 def flat_errors(data: dict, prefix: str = "") -> dict[str, list[str]]:
@@ -139,8 +149,7 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     if not request.path.startswith("/api/"):
         return defaults.bad_request(request, exception)
     if isinstance(exception, RequestDataTooBig):
-        message = "The request body is too large."
-        return JsonResponse({"errors": {api_settings.NON_FIELD_ERRORS_KEY: [message]}}, status=413)
+        return JsonResponse(_too_big_body(), status=413)
     message = "Bad request."
     return JsonResponse({"errors": {api_settings.NON_FIELD_ERRORS_KEY: [message]}}, status=400)
 

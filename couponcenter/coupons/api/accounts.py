@@ -67,6 +67,7 @@ class AccountApi(APIView):
         class Meta:
             ref_name = "AccountOutput"
 
+        id = serializers.IntegerField(help_text="The account's id: a timeout topic's `owner_user`.")
         username = serializers.CharField()
         user_id = serializers.IntegerField(allow_null=True)
         permissions = serializers.ListField(child=serializers.CharField())
@@ -114,6 +115,7 @@ class AccountApi(APIView):
             granted_by=request.user,
         )
         out = {
+            "id": user.pk,
             "username": user.username,
             "user_id": v.get("user_id"),
             "permissions": accounts.account_permissions(user),

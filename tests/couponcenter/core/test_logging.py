@@ -9,12 +9,15 @@ import logging.config
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
 from couponcenter.core.logging import JsonFormatter
+from tests.support.factories import CouponFactory, api_user
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -137,3 +140,30 @@ def test_a_process_logs_a_forged_line_as_one_record():
     assert not any(
         line.startswith("2026-11-26 14:00:00,000 ERROR") for line in done.stderr.splitlines()
     )
+
+
+@pytest.mark.django_db
+def test_an_expected_409_is_not_a_warning_and_a_404_still_is(client, caplog):
+    """A business refusal (here: not open yet) is the answer the client expects; Django's
+    ``django.request`` WARNING is kept for the rest (``ExpectedConflict``)."""
+    _, token = api_user(end_user_id=5)
+    coupon = CouponFactory(claim_opens_at=timezone.now() + timedelta(hours=1))
+    auth = {"HTTP_AUTHORIZATION": f"Token {token}"}
+    with caplog.at_level(logging.INFO):
+        refused = client.post("/api/users/5/coupons/", {"coupon": coupon.pk},
+                              content_type="application/json", **auth)  # fmt: skip
+        missing = client.get("/api/no-such-thing/", **auth)
+    assert (refused.status_code, refused.json()["code"]) == (409, "not_open")
+    assert missing.status_code == 404
+    logged = [(r.levelname, r.status_code) for r in caplog.records if r.name == "django.request"]
+    assert logged == [("WARNING", 404)]
+
+
+def test_the_development_server_logs_a_409_as_info_and_a_404_as_a_warning(caplog):
+    """``make run``'s access log (runserver's ``django.server``) keeps every line, a 409 at INFO."""
+    server = logging.getLogger("django.server")
+    with caplog.at_level(logging.INFO):
+        server.warning('"POST /api/users/5/coupons/ HTTP/1.1" 409 111', extra={"status_code": 409})
+        server.warning('"GET /api/nothing/ HTTP/1.1" 404 23', extra={"status_code": 404})
+    logged = [(r.levelname, r.status_code) for r in caplog.records]
+    assert logged == [("INFO", 409), ("WARNING", 404)]

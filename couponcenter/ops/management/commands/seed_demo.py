@@ -33,9 +33,16 @@ class Command(BaseCommand):
         parser.add_argument(
             "--url", default="http://127.0.0.1:8000", help="the service's base URL, for examples"
         )
+        parser.add_argument(
+            "--reopen-soon",
+            action="store_true",
+            help="move 'Demo: opens in 3 minutes' to 3 minutes from now again, once it opened "
+            "(its reminders move with it); without it a rerun moves nothing",
+        )
 
-    def handle(self, *args: Any, url: str, **options: Any) -> None:
+    def handle(self, *args: Any, url: str, reopen_soon: bool, **options: Any) -> None:
         self.base_url = url.rstrip("/")
+        self.reopen_soon = reopen_soon
         now = timezone.now()
         open_now = self._coupon(
             "Demo: open now",
@@ -77,9 +84,14 @@ class Command(BaseCommand):
             valid_for=timedelta(days=1),
             reminder_priority=Coupon.Priority.HIGH,
         )
-        # Once it has opened (or its reminder is under way), move it 3 minutes out again; its
-        # existing reminders move with it.
-        if coupon.status == Coupon.Status.ACTIVE and coupon.claim_opens_at < now + SOON / 2:
+        # Only when asked (`make run` runs this on every start, and an operator trying the demo
+        # must find the coupon where it was): once it has opened (or its reminder is under way),
+        # move it 3 minutes out again; its existing reminders move with it.
+        if (
+            self.reopen_soon
+            and coupon.status == Coupon.Status.ACTIVE
+            and coupon.claim_opens_at < now + SOON / 2
+        ):
             coupon = services.coupon_update(coupon=coupon, claim_opens_at=now + SOON)
             self.stdout.write(f"moved coupon #{coupon.pk} to open at {coupon.claim_opens_at}")
         return coupon
@@ -98,6 +110,12 @@ class Command(BaseCommand):
     def _reminders(self, coupon: Coupon, now: datetime) -> None:
         if coupon.status == Coupon.Status.CANCELLED:
             self.stdout.write(f"coupon #{coupon.pk} was cancelled: no reminders")
+            return
+        if coupon.claim_opens_at <= now:
+            self.stdout.write(
+                f"coupon #{coupon.pk} opened at {coupon.claim_opens_at:%H:%M:%S} UTC: no new "
+                "reminders (`manage.py seed_demo --reopen-soon` moves it 3 minutes out)"
+            )
             return
         created = sum(
             subscription_subscribe(user_id=user_id, coupon=coupon, now=now)[1]

@@ -321,6 +321,11 @@ GATE_BUILD_AHEAD_S = _env_int("GATE_BUILD_AHEAD_S", 600, 0, 7 * 86_400)
 # How often one process in the fleet (a reminder worker, under a Redis lock) checks the gates and
 # rebuilds those that need it: stale holds, counts that drifted, gates lost or out of date.
 GATE_MAINTAIN_INTERVAL_S = _env_int("GATE_MAINTAIN_INTERVAL_S", 10, 1, 3600)
+# A coupon-wide refusal (sold out, not open yet, closed, cancelled) the gate gave is answered
+# again by the web process itself for this long, without asking Redis: the refusals of a rush
+# cost no round trip at all. A unit given back or a stock raised is seen this much later (0: ask
+# Redis every time).
+GATE_LOCAL_MS = _env_int("GATE_LOCAL_MS", 100, 0, 5000)
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Coupon Center API",

@@ -26,6 +26,12 @@ the claims in flight are over and a rebuild has run, ``taken`` equals the claims
 and no unit is lost. ``gates_maintain`` runs that rebuild on its own where it is needed (stale
 holds, drift, a coupon changed or a gate lost), and builds the gates of coupons about to open.
 
+Each web process remembers a refusal that holds for every user of a coupon (sold out, not open
+yet, closed, cancelled) for ``GATE_LOCAL_MS`` and answers it again without Redis: at the opening
+of a popular coupon almost every claim is one of these, and then costs no round trip. A
+remembered refusal can only refuse a little longer than the gate would; a unit given back in the
+same process, or a rebuild there, forgets it at once.
+
 Redis errors: ``gate_claim`` answers None (the claim goes to PostgreSQL) and leaves Redis alone
 for ``_RETRY_S``, so an outage costs each claim nothing; settle and release log and move on (the
 hold goes stale, and the reconcile fixes the counts).
@@ -124,6 +130,13 @@ _UNLOCK = _Lua(
 
 _down_until: dict[str, float] = {}  # REDIS_URL -> monotonic time the gate may ask Redis again
 
+# Refusals that hold for every user of a coupon, which this process answers again by itself for
+# GATE_LOCAL_MS (a `not_open` only until the opening it names).
+_COUPON_WIDE = frozenset({"sold_out", "not_open", "closed", "cancelled"})
+# the gate's key (the coupon under this Redis and prefix) -> (monotonic until, refusal)
+_remembered: dict[str, tuple[float, GateRefusal]] = {}
+_REMEMBER_MAX = 10_000
+
 
 def _keys(coupon_id: int) -> tuple[str, str, str]:
     gate = f"{settings.REDIS_KEY_PREFIX}:gate:{{{coupon_id}}}"
@@ -153,6 +166,11 @@ def gate_claim(*, coupon_id: int, user_id: int, now_ms: int) -> GatePass | GateR
     """The gate's answer to a claim at ``now_ms``; None when it has none (no gate for the coupon,
     Redis unreachable, the gate switched off): then PostgreSQL decides, and the caller asks for a
     rebuild with ``gate_build_soon``."""
+    remembered = _remembered.get(_keys(coupon_id)[0])
+    if remembered is not None and time.monotonic() < remembered[0]:
+        refusal = remembered[1]
+        if _still_holds(refusal, now_ms):
+            return refusal
     client = _redis() if settings.CLAIM_GATE else None
     if client is None:
         return None
@@ -168,11 +186,29 @@ def gate_claim(*, coupon_id: int, user_id: int, now_ms: int) -> GatePass | GateR
     if code == "missing":
         return None
     ms = int(answer[1]) if len(answer) > 1 else None
-    return GateRefusal(
+    refusal = GateRefusal(
         code=code,
         opens_ms=ms if code == "not_open" else None,
         closes_ms=ms if code == "closed" else None,
     )
+    if code in _COUPON_WIDE and settings.GATE_LOCAL_MS:
+        if len(_remembered) >= _REMEMBER_MAX:
+            _remembered.clear()
+        _remembered[_keys(coupon_id)[0]] = (
+            time.monotonic() + settings.GATE_LOCAL_MS / 1000,
+            refusal,
+        )
+    return refusal
+
+
+def _still_holds(refusal: GateRefusal, now_ms: int) -> bool:
+    """Whether a remembered refusal is the answer at ``now_ms`` too (the window's moments are
+    each claim's own)."""
+    if refusal.opens_ms is not None:
+        return now_ms < refusal.opens_ms
+    if refusal.closes_ms is not None:
+        return now_ms >= refusal.closes_ms
+    return True
 
 
 def gate_settle(*, coupon_id: int, hold: str) -> None:
@@ -190,6 +226,7 @@ def gate_settle(*, coupon_id: int, hold: str) -> None:
 def gate_release(*, coupon_id: int, user_id: int, hold: str) -> None:
     """The hold's claim never committed: its unit and the user's count come back, once (a hold
     already gone, released or dropped by a rebuild, gives nothing back)."""
+    _remembered.pop(_keys(coupon_id)[0], None)
     client = _redis()
     if client is None:
         return
@@ -287,6 +324,7 @@ def gate_build(*, coupon_id: int) -> bool:
 
     The users' claim counts are streamed into a temporary hash in chunks, and one script swaps
     them in, with the holds reserved after the snapshot added on top of it."""
+    _remembered.pop(_keys(coupon_id)[0], None)
     client = _redis() if settings.CLAIM_GATE else None
     if client is None:
         return False

@@ -430,3 +430,39 @@ def test_the_gate_on_a_redis_cluster(cluster_client, settings):
     for coupon in coupons:
         fields, users, held = state(get_redis(), coupon.pk)
         assert (fields["taken"], users, held) == ("1", {1: 1}, 0)
+
+
+@pytest.mark.django_db
+def test_a_coupon_wide_refusal_is_answered_again_by_the_process_until_a_unit_comes_back(
+    redis_client, settings
+):
+    settings.GATE_LOCAL_MS = 60_000  # nothing in this test waits for it to lapse
+    coupon = new_coupon(total_stock=1)
+    gate_build(coupon_id=coupon.pk)
+    winner = gate_claim(coupon_id=coupon.pk, user_id=1, now_ms=now_ms())
+    assert isinstance(winner, GatePass)
+    assert gate_claim(coupon_id=coupon.pk, user_id=2, now_ms=now_ms()) == GateRefusal("sold_out")
+
+    # Redis is not asked again: even with the gate gone, the process answers sold out itself.
+    delete_gate(redis_client, coupon.pk)
+    assert gate_claim(coupon_id=coupon.pk, user_id=3, now_ms=now_ms()) == GateRefusal("sold_out")
+    # A per-user refusal is never remembered, and a unit given back forgets the coupon's.
+    gate_build(coupon_id=coupon.pk)
+    held = gate_claim(coupon_id=coupon.pk, user_id=4, now_ms=now_ms())
+    assert isinstance(held, GatePass)
+    assert gate_claim(coupon_id=coupon.pk, user_id=5, now_ms=now_ms()) == GateRefusal("sold_out")
+    gate_release(coupon_id=coupon.pk, user_id=4, hold=held.hold)
+    assert isinstance(gate_claim(coupon_id=coupon.pk, user_id=5, now_ms=now_ms()), GatePass)
+
+
+@pytest.mark.django_db
+def test_a_remembered_not_open_ends_at_the_opening_it_names(redis_client, settings):
+    settings.GATE_LOCAL_MS = 60_000
+    opens = timezone.now() + timedelta(minutes=5)
+    coupon = new_coupon(claim_opens_at=opens)
+    gate_build(coupon_id=coupon.pk)
+    opens_ms = int(opens.timestamp() * 1000)
+    early = GateRefusal("not_open", opens_ms=opens_ms)
+    assert gate_claim(coupon_id=coupon.pk, user_id=1, now_ms=opens_ms - 1000) == early
+    assert gate_claim(coupon_id=coupon.pk, user_id=2, now_ms=opens_ms - 1) == early
+    assert isinstance(gate_claim(coupon_id=coupon.pk, user_id=3, now_ms=opens_ms), GatePass)

@@ -17,6 +17,7 @@ first answer again. A request without one makes no Redis call for it.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
@@ -99,6 +100,7 @@ _LEAN_ACCEPT = {None, "*/*", "application/json"}
 _LEAN_MAX_BODY = 1024
 _MAX_ID = 2**63 - 1
 _json_renderer = JSONRenderer()
+_request_log = logging.getLogger("django.request")
 _token_authentication = TokenAuthentication()
 
 
@@ -233,6 +235,10 @@ class UserCouponListApi(APIView):
             "kwargs": self.kwargs,
             "request": request,
         }
+        if response.status_code == 409 and not _request_log.isEnabledFor(logging.DEBUG):
+            # The log line Django would make of an expected refusal (ExpectedConflict moves it to
+            # DEBUG) costs a log record per refused claim of a rush, and nothing would print it.
+            response._has_been_logged = True
         headers = self.default_response_headers
         vary = headers.pop("Vary", None)
         if vary is not None:

@@ -30,7 +30,7 @@ import random
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import connection
@@ -41,8 +41,9 @@ from couponcenter.core.db import prepared
 # writes its ExpiryTask in its own transaction.
 from expiry.models import ExpiryTask
 
-from . import services, stock
+from . import gate, services, stock
 from .models import Coupon, UserCoupon
+from .rules import ClaimRefused
 
 
 class SeqTaken:
@@ -55,19 +56,30 @@ SEQ_TAKEN = SeqTaken()
 @dataclass(eq=False)
 class Claim:
     """One claim of a group; ``outcome`` is set (then ``done``) once it is decided: the committed
-    ``UserCoupon``, the exception to raise (a refusal, an unknown coupon, a database error), or
-    ``SEQ_TAKEN``."""
+    ``UserCoupon``, the exception to raise (a refusal, an unknown coupon, a database error),
+    ``SEQ_TAKEN`` or ``NO_GATE``. A ``gated`` claim asks the gate first: its ``seq`` and ``hold``
+    come from the gate's pass."""
 
     user_id: int
-    seq: int
+    seq: int | None
     now: datetime
     idempotency_key: str | None = None
+    gated: bool = False
+    hold: str | None = None
     outcome: UserCoupon | BaseException | SeqTaken | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
     def settle(self, outcome: UserCoupon | BaseException | SeqTaken) -> None:
         self.outcome = outcome
         self.done.set()
+
+
+class NoGate(Exception):
+    """The gate had no answer for a gated claim (no gate for the coupon, Redis unreachable): the
+    caller claims without it."""
+
+
+NO_GATE = SeqTaken()  # a gated claim's outcome when the gate had no answer
 
 
 class _Group:
@@ -89,38 +101,120 @@ def claim_grouped(
     *,
     coupon_id: int,
     user_id: int,
-    seq: int,
+    seq: int | None,
     now: datetime,
     idempotency_key: str | None = None,
+    gated: bool = False,
 ) -> UserCoupon:
     """Claim ``coupon_id`` for ``user_id`` as its claim number ``seq``, committed with the claims
     of the coupon running beside it; raises ``ClaimRefused`` (``rules``) like
     ``services.coupon_claim``, ``Coupon.DoesNotExist`` for an unknown coupon, and the database's
-    error when the group's statement fails."""
+    error when the group's statement fails.
+
+    ``gated``: the group asks the gate for all its claims in one round trip first, and a claim
+    takes the seq the gate's pass gives it; ``NoGate`` when the gate had no answer. The unit the
+    gate held for a claim is settled once it committed and given back when it did not."""
+    claim = Claim(user_id=user_id, seq=seq, now=now, idempotency_key=idempotency_key, gated=gated)
     if connection.vendor != "postgresql" or connection.in_atomic_block:
-        return services.claim_one(
-            coupon_id=coupon_id,
-            user_id=user_id,
-            seq=seq,
-            now=now,
-            idempotency_key=idempotency_key,
-        )
-    claim = Claim(user_id=user_id, seq=seq, now=now, idempotency_key=idempotency_key)
-    with stock.claimed_count_folding(coupon_id=coupon_id) as folding:
-        _run_in_group(coupon_id=coupon_id, claim=claim)
-        folding.committed = isinstance(claim.outcome, UserCoupon)
+        _alone(coupon_id=coupon_id, claim=claim)
+    else:
+        with stock.claimed_count_folding(coupon_id=coupon_id) as folding:
+            _run_in_group(coupon_id=coupon_id, claim=claim)
+            folding.committed = isinstance(claim.outcome, UserCoupon)
+    return _finish(coupon_id=coupon_id, claim=claim)
+
+
+def _alone(*, coupon_id: int, claim: Claim) -> None:
+    """Decide one claim in statements of its own (SQLite, a caller's transaction)."""
+    if claim.gated:
+        _admit(coupon_id=coupon_id, claims=[claim])
+    if claim.done.is_set():
+        return
+    try:
+        claim.settle(_claim_one(coupon_id=coupon_id, claim=claim, seq=claim.seq))
+    except Exception as exc:  # noqa: BLE001 - the claim's outcome, raised by _finish
+        claim.settle(exc)
+    _settle_holds(coupon_id=coupon_id, claims=[claim])
+
+
+def _claim_one(*, coupon_id: int, claim: Claim, seq: int | None) -> UserCoupon:
+    return services.claim_one(
+        coupon_id=coupon_id,
+        user_id=claim.user_id,
+        seq=seq,
+        now=claim.now,
+        idempotency_key=claim.idempotency_key,
+    )
+
+
+def _finish(*, coupon_id: int, claim: Claim) -> UserCoupon:
+    """The claim's answer in its own thread: a seq taken meanwhile runs alone, and the unit the
+    gate held for a claim that did not commit goes back."""
     outcome = claim.outcome
-    if outcome is SEQ_TAKEN:
-        return services.claim_one(
-            coupon_id=coupon_id,
-            user_id=user_id,
-            seq=None,
-            now=now,
-            idempotency_key=idempotency_key,
-        )
-    if isinstance(outcome, BaseException):
-        raise outcome
+    if outcome is NO_GATE:
+        raise NoGate
+    try:
+        if outcome is SEQ_TAKEN:
+            user_coupon = _claim_one(coupon_id=coupon_id, claim=claim, seq=None)
+            if claim.hold is not None:
+                gate.gate_settle(coupon_id=coupon_id, holds=[claim.hold])
+            return user_coupon
+        if isinstance(outcome, BaseException):
+            raise outcome
+    except BaseException as exc:
+        if claim.hold is not None:
+            _give_back(coupon_id=coupon_id, claim=claim, exc=exc)
+        raise
+    assert isinstance(outcome, UserCoupon)
     return outcome
+
+
+def _give_back(*, coupon_id: int, claim: Claim, exc: BaseException) -> None:
+    """The unit held for a claim that did not commit goes back; then PostgreSQL's refusal
+    teaches the gate what it knows better (in this order, or the unit given back would undo the
+    lesson)."""
+    assert claim.hold is not None
+    gate.gate_release(coupon_id=coupon_id, user_id=claim.user_id, hold=claim.hold)
+    code = exc.code if isinstance(exc, ClaimRefused) else None
+    if code == "sold_out":
+        gate.gate_sold_out(coupon_id=coupon_id)
+    elif code == "limit_reached":
+        gate.gate_user_full(coupon_id=coupon_id, user_id=claim.user_id)
+
+
+def _admit(*, coupon_id: int, claims: list[Claim]) -> None:
+    """Ask the gate for ``claims`` in one round trip: a pass gives each its seq and hold; a
+    refusal or no answer decides it."""
+    answers = gate.gate_claim_many(
+        coupon_id=coupon_id,
+        claims=[(claim.user_id, int(claim.now.timestamp() * 1000)) for claim in claims],
+    )
+    for claim, answer in zip(claims, answers, strict=True):
+        if isinstance(answer, gate.GatePass):
+            claim.seq, claim.hold = answer.seq, answer.hold
+        elif answer is None:
+            claim.settle(NO_GATE)
+        else:
+            claim.settle(gate_refused(answer))
+
+
+def gate_refused(refusal: gate.GateRefusal) -> ClaimRefused:
+    """The gate's refusal as the claim's."""
+    return services.claim_refused(
+        refusal.code,
+        opens_at=None if refusal.opens_ms is None else _moment(refusal.opens_ms),
+        closed_at=None if refusal.closes_ms is None else _moment(refusal.closes_ms),
+    )
+
+
+def _moment(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _settle_holds(*, coupon_id: int, claims: list[Claim]) -> None:
+    """The gate forgets the holds of the claims that committed (one round trip)."""
+    holds = [c.hold for c in claims if c.hold is not None and isinstance(c.outcome, UserCoupon)]
+    gate.gate_settle(coupon_id=coupon_id, holds=holds)
 
 
 def _run_in_group(*, coupon_id: int, claim: Claim) -> None:
@@ -154,7 +248,11 @@ def _lead(*, coupon_id: int, group: _Group, wait: bool) -> None:
     # Closed: no claim joins it any more.
     claims = group.claims
     try:
-        claims_commit(coupon_id=coupon_id, claims=claims)
+        gated = [claim for claim in claims if claim.gated]
+        if gated:
+            _admit(coupon_id=coupon_id, claims=gated)
+        claims_commit(coupon_id=coupon_id, claims=[c for c in claims if not c.done.is_set()])
+        _settle_holds(coupon_id=coupon_id, claims=claims)
     except BaseException as exc:
         # Followers must never be left waiting: each one not decided yet gets the error.
         failure = exc if isinstance(exc, Exception) else RuntimeError(f"group leader: {exc!r}")

@@ -166,39 +166,61 @@ def gate_claim(*, coupon_id: int, user_id: int, now_ms: int) -> GatePass | GateR
     """The gate's answer to a claim at ``now_ms``; None when it has none (no gate for the coupon,
     Redis unreachable, the gate switched off): then PostgreSQL decides, and the caller asks for a
     rebuild with ``gate_build_soon``."""
-    remembered = _remembered.get(_keys(coupon_id)[0])
-    if remembered is not None and time.monotonic() < remembered[0]:
-        refusal = remembered[1]
-        if _still_holds(refusal, now_ms):
-            return refusal
-    client = _redis() if settings.CLAIM_GATE else None
+    return gate_claim_many(coupon_id=coupon_id, claims=[(user_id, now_ms)])[0]
+
+
+def gate_claim_many(
+    *, coupon_id: int, claims: Sequence[tuple[int, int]]
+) -> list[GatePass | GateRefusal | None]:
+    """``gate_claim`` for several claims ``(user_id, now_ms)`` of one coupon, in order, in one
+    round trip: what a group of claims committed together asks (``claim_groups``)."""
+    answers: list[GatePass | GateRefusal | None] = [None] * len(claims)
+    asked = []
+    for i, (_, now_ms) in enumerate(claims):
+        answers[i] = gate_remembered(coupon_id=coupon_id, now_ms=now_ms)
+        if answers[i] is None:
+            asked.append(i)
+    client = _redis() if asked and settings.CLAIM_GATE else None
     if client is None:
-        return None
-    hold = f"{user_id}:{os.urandom(6).hex()}"
+        return answers
+    holds = {i: f"{claims[i][0]}:{os.urandom(6).hex()}" for i in asked}
+    args = [value for i in asked for value in (claims[i][0], claims[i][1], holds[i])]
     try:
-        answer = _CLAIM(client, _keys(coupon_id), (user_id, now_ms, hold))
+        reply = _CLAIM(client, _keys(coupon_id), args)
     except redis.RedisError as exc:
         _redis_failed("a claim", exc)
-        return None
-    code = _text(answer[0])
-    if code == "pass":
-        return GatePass(seq=int(answer[1]), hold=hold)
-    if code == "missing":
-        return None
-    ms = int(answer[1]) if len(answer) > 1 else None
-    refusal = GateRefusal(
-        code=code,
-        opens_ms=ms if code == "not_open" else None,
-        closes_ms=ms if code == "closed" else None,
-    )
-    if code in _COUPON_WIDE and settings.GATE_LOCAL_MS:
-        if len(_remembered) >= _REMEMBER_MAX:
-            _remembered.clear()
-        _remembered[_keys(coupon_id)[0]] = (
-            time.monotonic() + settings.GATE_LOCAL_MS / 1000,
-            refusal,
+        return answers
+    if _text(reply[0]) == "missing":
+        return answers
+    for n, i in enumerate(asked):
+        code, value = _text(reply[2 * n]), int(reply[2 * n + 1])
+        if code == "pass":
+            answers[i] = GatePass(seq=value, hold=holds[i])
+            continue
+        refusal = GateRefusal(
+            code=code,
+            opens_ms=value if code == "not_open" else None,
+            closes_ms=value if code == "closed" else None,
         )
-    return refusal
+        answers[i] = refusal
+        if code in _COUPON_WIDE and settings.GATE_LOCAL_MS:
+            _remember(coupon_id, refusal)
+    return answers
+
+
+def gate_remembered(*, coupon_id: int, now_ms: int) -> GateRefusal | None:
+    """The coupon-wide refusal this process had from the gate lately, if it is the answer at
+    ``now_ms`` too (``GATE_LOCAL_MS``); asks nothing of Redis."""
+    remembered = _remembered.get(_keys(coupon_id)[0])
+    if remembered is None or time.monotonic() >= remembered[0]:
+        return None
+    return remembered[1] if _still_holds(remembered[1], now_ms) else None
+
+
+def _remember(coupon_id: int, refusal: GateRefusal) -> None:
+    if len(_remembered) >= _REMEMBER_MAX:
+        _remembered.clear()
+    _remembered[_keys(coupon_id)[0]] = (time.monotonic() + settings.GATE_LOCAL_MS / 1000, refusal)
 
 
 def _still_holds(refusal: GateRefusal, now_ms: int) -> bool:
@@ -211,14 +233,14 @@ def _still_holds(refusal: GateRefusal, now_ms: int) -> bool:
     return True
 
 
-def gate_settle(*, coupon_id: int, hold: str) -> None:
-    """The hold's claim committed: PostgreSQL counts it now, so the hold goes (``taken`` and the
-    user's count stay)."""
-    client = _redis()
+def gate_settle(*, coupon_id: int, holds: Sequence[str]) -> None:
+    """The holds' claims committed: PostgreSQL counts them now, so the holds go (``taken`` and
+    the users' counts stay)."""
+    client = _redis() if holds else None
     if client is None:
-        return  # the hold goes stale; the reconcile drops it
+        return  # the holds go stale; the reconcile drops them
     try:
-        client.zrem(_keys(coupon_id)[2], hold)
+        client.zrem(_keys(coupon_id)[2], *holds)
     except redis.RedisError as exc:
         _redis_failed("a settle", exc)
 

@@ -136,7 +136,7 @@ def test_reserve_settle_and_release(redis_client):
     again = gate_claim(coupon_id=coupon.pk, user_id=7, now_ms=t)
     assert again.seq == 2  # the released claim number is free again
 
-    gate_settle(coupon_id=coupon.pk, hold=a.hold)  # committed: the unit stays taken
+    gate_settle(coupon_id=coupon.pk, holds=[a.hold])  # committed: the unit stays taken
     fields, users, held = state(redis_client, coupon.pk)
     assert (fields["taken"], users, held) == ("2", {7: 2}, 1)
     gate_release(coupon_id=coupon.pk, user_id=7, hold=a.hold)  # settled: nothing comes back
@@ -396,7 +396,7 @@ def test_an_unreachable_redis_sends_claims_to_postgresql(settings):
     settings.REDIS_URL = f"redis://127.0.0.1:{closed_port()}/0"
     assert gate_claim(coupon_id=coupon.pk, user_id=1, now_ms=now_ms()) is None
     # The rest neither raises nor waits for it.
-    gate_settle(coupon_id=coupon.pk, hold="1:x")
+    gate_settle(coupon_id=coupon.pk, holds=["1:x"])
     gate_release(coupon_id=coupon.pk, user_id=1, hold="1:x")
     gate_sold_out(coupon_id=coupon.pk)
     assert gate_build(coupon_id=coupon.pk) is False

@@ -182,13 +182,15 @@ def test_repeated_claims_of_users_in_threads_stay_within_their_limit():
 @pytest.mark.parametrize(
     ("fields", "code"),
     [
-        ({"status": Coupon.Status.CANCELLED}, "cancelled"),
-        ({"claim_opens_at": timezone.now() + timedelta(hours=1)}, "not_open"),
-        ({"claim_closes_at": timezone.now() - timedelta(seconds=1)}, "closed"),
+        # Moments taken when the test runs, not when the module is collected.
+        (lambda now: {"status": Coupon.Status.CANCELLED}, "cancelled"),
+        (lambda now: {"claim_opens_at": now + timedelta(hours=1)}, "not_open"),
+        (lambda now: {"claim_closes_at": now - timedelta(seconds=1)}, "closed"),
     ],
+    ids=["cancelled", "not_open", "closed"],
 )
 def test_a_coupon_that_cannot_be_claimed_refuses_the_whole_group(fields, code):
-    coupon = CouponFactory(total_stock=100, **fields)
+    coupon = CouponFactory(total_stock=100, **fields(timezone.now()))
     group = claims(1, 2, 3)
 
     claims_commit(coupon_id=coupon.pk, claims=group)

@@ -30,7 +30,7 @@ import random
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.conf import settings
 from django.db import connection
@@ -187,7 +187,7 @@ def _admit(*, coupon_id: int, claims: list[Claim]) -> None:
     refusal or no answer decides it."""
     answers = gate.gate_claim_many(
         coupon_id=coupon_id,
-        claims=[(claim.user_id, int(claim.now.timestamp() * 1000)) for claim in claims],
+        claims=[(claim.user_id, gate.ms_of(claim.now)) for claim in claims],
     )
     for claim, answer in zip(claims, answers, strict=True):
         if isinstance(answer, gate.GatePass):
@@ -202,13 +202,9 @@ def gate_refused(refusal: gate.GateRefusal) -> ClaimRefused:
     """The gate's refusal as the claim's."""
     return services.claim_refused(
         refusal.code,
-        opens_at=None if refusal.opens_ms is None else _moment(refusal.opens_ms),
-        closed_at=None if refusal.closes_ms is None else _moment(refusal.closes_ms),
+        opens_at=None if refusal.opens_ms is None else gate.moment_of(refusal.opens_ms),
+        closed_at=None if refusal.closes_ms is None else gate.moment_of(refusal.closes_ms),
     )
-
-
-def _moment(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 def _settle_holds(*, coupon_id: int, claims: list[Claim]) -> None:

@@ -51,7 +51,7 @@ def coupon_claim_gated(
         # Inside a caller's transaction a reservation could not follow its commit.
         return unguarded()
     # A refusal this process already had for every user of the coupon joins no group.
-    remembered = gate.gate_remembered(coupon_id=coupon_id, now_ms=int(now.timestamp() * 1000))
+    remembered = gate.gate_remembered(coupon_id=coupon_id, now_ms=gate.ms_of(now))
     if remembered is not None:
         raise claim_groups.gate_refused(remembered)
     try:

@@ -47,7 +47,7 @@ import time
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -295,13 +295,19 @@ _ROW_FIELDS = (*GATE_COUPON_FIELDS, "claimed_count")
 _GATE_FIELDS = ("opens_ms", "closes_ms", "cancelled", "limit", "stock")
 
 
-def _ms(moment: datetime) -> int:
+def ms_of(moment: datetime) -> int:
+    """A moment as the gate keeps it: epoch milliseconds."""
     return int(moment.timestamp() * 1000)
+
+
+def moment_of(ms: int) -> datetime:
+    """The moment of a gate's epoch milliseconds (UTC)."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 def _closes_ms(row: dict) -> int:
     ends = [t for t in (row["claim_closes_at"], row["expires_at"]) if t is not None]
-    return _ms(min(ends)) if ends else 0
+    return ms_of(min(ends)) if ends else 0
 
 
 def _expires_ms(row: dict, now_ms: int) -> int:
@@ -313,14 +319,14 @@ def _expires_ms(row: dict, now_ms: int) -> int:
     elif closes:
         end = max(closes, now_ms)
     else:
-        end = max(_ms(row["claim_opens_at"]), now_ms)
+        end = max(ms_of(row["claim_opens_at"]), now_ms)
     return end + _KEEP_S * 1000
 
 
 def _gate_fields(row: dict) -> tuple[int, ...]:
     """The values of ``_GATE_FIELDS`` for a coupon row."""
     return (
-        _ms(row["claim_opens_at"]),
+        ms_of(row["claim_opens_at"]),
         _closes_ms(row),
         int(row["status"] == Coupon.Status.CANCELLED),
         row["per_user_limit"],

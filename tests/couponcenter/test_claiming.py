@@ -7,31 +7,19 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 
 import pytest
 from django.db import connection, connections
-from django.utils import timezone
 
-from couponcenter.coupons import claim_groups, claiming, gate, services
+from couponcenter.coupons import claim_groups, claiming, gate
 from couponcenter.coupons.models import CouponStockShard, UserCoupon
 from couponcenter.coupons.rules import ClaimRefused
+from tests.couponcenter.test_claim_gate import new_coupon
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif("connection.vendor != 'postgresql'"),
 ]
-
-
-def new_coupon(**fields):
-    values = {
-        "name": "Rush",
-        "claim_opens_at": timezone.now() - timedelta(minutes=1),
-        "total_stock": 10,
-        "valid_for": timedelta(days=7),
-    }
-    values.update(fields)
-    return services.coupon_create(**values)
 
 
 def gate_state(redis_client, coupon_id: int) -> tuple[int, dict[int, int], int]:

@@ -290,7 +290,9 @@ def claims_commit(*, coupon_id: int, claims: list[Claim]) -> None:
             continue
         waits += 1
         if waits > services._MAX_WAITS or not stock.stock_left(coupon_id=coupon_id):
-            for claim in pending:
+            # The coupon is read after the shards: a cancel closes them in the transaction that
+            # cancels the coupon, so closed shards read here come with the cancel.
+            for claim in _refuse(coupon_id=coupon_id, claims=pending):
                 claim.settle(services._refused("sold_out"))
             return
         wait = True

@@ -381,11 +381,14 @@ def _claim_once_one_statement(
             break
         # Nothing taken: the coupon is not claimable, it is sold out (or not sharded yet), or
         # every shard with stock left was held by another claim. Only the last is worth a wait.
+        # The shards before the coupon: a cancel closes them in the transaction that cancels
+        # the coupon, so closed shards read here come with the cancel, and its reason.
+        left = stock.stock_left(coupon_id=coupon_id)
         coupon = Coupon.objects.get(pk=coupon_id)
         refusal = _window_refusal(coupon=coupon, now=now)
         if refusal:
             raise _refused(refusal, coupon)
-        if not stock.stock_left(coupon_id=coupon_id):
+        if not left:
             raise _refused("sold_out")
         row = statement(wait=True)
     if row is None:

@@ -5,6 +5,7 @@ fails fails alone, and a database error reaches every claim of the group."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -15,7 +16,7 @@ from django.db.backends.signals import connection_created
 from django.utils import timezone
 
 from couponcenter.core.time import utc_text
-from couponcenter.coupons import claim_groups, services
+from couponcenter.coupons import claim_groups, services, stock
 from couponcenter.coupons.claim_groups import SEQ_TAKEN, Claim, claim_grouped, claims_commit
 from couponcenter.coupons.models import Coupon, CouponStockShard, UserCoupon
 from couponcenter.coupons.rules import ClaimRefused
@@ -198,6 +199,58 @@ def test_a_coupon_that_cannot_be_claimed_refuses_the_whole_group(fields, code):
     assert outcome_codes(group) == [code] * 3
     if code == "not_open":
         assert group[0].outcome.extra["opens_at"] == utc_text(coupon.claim_opens_at)
+    assert not UserCoupon.objects.filter(coupon=coupon).exists()
+
+
+def _waiting_on_a_lock(deadline_s: float = 60) -> None:
+    """Return once another session waits on a lock (the only one that can: the claims')."""
+    deadline = time.monotonic() + deadline_s
+    with connections["default"].cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'"
+            )
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.01)
+    raise AssertionError("no claim statement came to wait on the shards' locks")
+
+
+def test_a_cancel_committing_while_the_group_waits_for_a_shard_answers_cancelled():
+    """The cancel closes the shards under their locks; a group that read the coupon as active
+    and then found the closed shards is refused ``cancelled``, not ``sold_out`` (which the gate
+    would learn and answer for a coupon that never sold out)."""
+    coupon = services.coupon_create(
+        name="Cancelled", claim_opens_at=timezone.now(), total_stock=10, valid_for=timedelta(1)
+    )
+    locked, commit = threading.Event(), threading.Event()
+
+    def cancel_held_open() -> None:
+        try:
+            with transaction.atomic():
+                row = Coupon.objects.select_for_update(no_key=True).get(pk=coupon.pk)
+                stock.stock_close(shards=stock.stock_lock(coupon=row))
+                row.status = Coupon.Status.CANCELLED
+                row.save(update_fields=["status"])
+                locked.set()
+                assert commit.wait(60)
+        finally:
+            connections.close_all()
+
+    group = claims(1, 2, 3)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        cancel = pool.submit(cancel_held_open)
+        assert locked.wait(60)
+        commit_group = pool.submit(claims_commit, coupon_id=coupon.pk, claims=group)
+        try:
+            _waiting_on_a_lock()
+        finally:
+            commit.set()
+        cancel.result(timeout=60)
+        commit_group.result(timeout=60)
+
+    assert outcome_codes(group) == ["cancelled"] * 3
     assert not UserCoupon.objects.filter(coupon=coupon).exists()
 
 

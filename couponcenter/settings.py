@@ -321,6 +321,12 @@ GATE_BUILD_AHEAD_S = _env_int("GATE_BUILD_AHEAD_S", 600, 0, 7 * 86_400)
 # How often one process in the fleet (a reminder worker, under a Redis lock) checks the gates and
 # rebuilds those that need it: stale holds, counts that drifted, gates lost or out of date.
 GATE_MAINTAIN_INTERVAL_S = _env_int("GATE_MAINTAIN_INTERVAL_S", 10, 1, 3600)
+# Retention (docs/retention.md): how often one process in the fleet (the sweeper for the expiry
+# tables, a reminder worker for the reminders' tables and dead letters) removes what has aged
+# out, and how many rows each of its transactions deletes. The retentions themselves are live
+# settings (ExpirySettings, ReminderSettings).
+RETENTION_EVERY_S = _env_int("RETENTION_EVERY_S", 600, 1, 86_400)
+RETENTION_BATCH_SIZE = _env_int("RETENTION_BATCH_SIZE", 2000, 1, 100_000)
 # A coupon-wide refusal (sold out, not open yet, closed, cancelled) the gate gave is answered
 # again by the web process itself for this long, without asking Redis: the refusals of a rush
 # cost no round trip at all. A unit given back or a stock raised is seen this much later (0: ask

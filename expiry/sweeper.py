@@ -1,11 +1,13 @@
-"""The sweeper process: a loop around ``services.expiry_sweep_due`` and ``expiry_cleanup``.
+"""The sweeper process: a loop around ``services.expiry_sweep_due`` and the expiry tables'
+retention (``expiry.retention``).
 
 Each pass re-reads ``ExpirySettings`` (so admin edits apply without a restart), sweeps every due
-task in batches, deletes old processed tasks, and records its figures in Redis. Between passes it
-sleeps until the next task falls due or the interval ends, whichever comes first, measured from
-the start of the pass so the schedule does not drift. ``stop()`` (SIGTERM/SIGINT, wired by the
-command) sets a flag: the batch in flight commits, then the process exits. A failed pass is logged
-and retried on the next one.
+task in batches, and records its figures in Redis; when its turn comes (one sweeper in the fleet
+every ``RETENTION_EVERY_S``, ``RetentionTurn``) it then removes old processed tasks and aged-out
+used and expired user coupons. Between passes it sleeps until the next task falls due or the
+interval ends, whichever comes first, measured from the start of the pass so the schedule does
+not drift. ``stop()`` (SIGTERM/SIGINT, wired by the command) sets a flag: the batch in flight
+commits, then the process exits. A failed pass is logged and retried on the next one.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import Error as DbError
 from django.db import close_old_connections
 from django.utils import timezone
 
+from couponcenter.core.retention import RetentionTurn
+
 from . import services
+from .retention import EXPIRY_TASKS, expiry_retention
 from .services import SweepResult, SweepTotals
 
 logger = logging.getLogger(__name__)
@@ -50,6 +56,7 @@ class Sweeper:
         self._stop = threading.Event()
         self._last_progress = 0.0
         self._pass_done = 0
+        self._turn = RetentionTurn("expiry", every_s=settings.RETENTION_EVERY_S)
 
     # --- control ---------------------------------------------------------------------------------
 
@@ -74,9 +81,7 @@ class Sweeper:
             result.totals = totals = services.expiry_sweep_due(
                 batch_size=batch_size, should_stop=self._stop.is_set, progress=self._progress
             )
-            result.cleaned = services.expiry_cleanup(
-                retention=config.retention, batch_size=batch_size, should_stop=self._stop.is_set
-            )
+            result.cleaned = self._retention()
         except DbError as exc:  # InterfaceError too: a connection closed under us
             result.error = f"{type(exc).__name__}: {exc}".strip()
             logger.exception("expiry: pass failed; its batch stays pending for the next pass")
@@ -84,6 +89,16 @@ class Sweeper:
         self._log_pass(result)
         services.expiry_run_record(totals=result.totals, cleaned=result.cleaned, error=result.error)
         return result
+
+    def _retention(self) -> int:
+        """The retention pass if it is this sweeper's turn; the expiry tasks it removed."""
+        if not self._turn.take():
+            return 0
+        try:
+            runs = expiry_retention(should_stop=lambda: self.stopping or not self._turn.keep())
+        finally:
+            self._turn.release()
+        return sum(run.removed for run in runs if run.name == EXPIRY_TASKS)
 
     def _progress(self, batch: SweepResult) -> None:
         self._pass_done += batch.processed

@@ -6,7 +6,7 @@
   a Redis restart or flush loses nothing, and removes the entries in that window whose row is
   final (``services.orphans``: a subscribe/unsubscribe race can index a cancelled row); in the
   worker process it runs in a thread of its own, off the dispatch loop; and the claim gates'
-  upkeep (``GateUpkeep``);
+  upkeep (``GateUpkeep``); and the reminders' retention (``RetentionUpkeep``);
 - backpressure: claiming of reminders pauses while the Celery delivery queue is deeper than
   ``ReminderSettings.max_delivery_queue`` (the backlog waits in Redis, where it is safe);
 - errors close stale database connections so a restarted PostgreSQL is picked up again.
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,6 +29,7 @@ from django.utils import timezone
 
 from couponcenter.core import __version__
 from couponcenter.core.redis import get_redis
+from couponcenter.core.retention import RetentionRun, RetentionTurn
 from couponcenter.coupons.gate import gates_maintain, gates_maintain_turn
 from reminders import metrics, services
 from reminders.engine import keys
@@ -43,6 +45,7 @@ from reminders.runtime.topic_wiring import (
 )
 from reminders.selectors import queues, reminder_settings_get
 from reminders.services.orphans import queues_prune_orphans
+from reminders.services.retention import reminders_retention
 
 logger = logging.getLogger(__name__)
 BROKER_WARN_EVERY_S = 10.0
@@ -209,6 +212,60 @@ class GateUpkeep:
             connection.close()  # this thread's own
 
 
+class RetentionUpkeep:
+    """The reminders' retention (``services.retention.reminders_retention``): finished timeout
+    jobs, old notifications, finished subscriptions and dead letters removed in batches.
+
+    Run here for the reasons ``GateUpkeep`` is; ``RetentionTurn`` makes it one pass per
+    ``RETENTION_EVERY_S`` across the fleet, and one at a time (a lease held while it runs).
+    ``background``: in a thread of its own (the worker process), off the dispatch loop; ``close``
+    asks a pass in flight to stop after its batch, and waits for it.
+    """
+
+    def __init__(self, *, background: bool = False) -> None:
+        self._turn = RetentionTurn("reminders", every_s=settings.RETENTION_EVERY_S)
+        self._stop = threading.Event()
+        self._pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="retention")
+            if background
+            else None
+        )
+        self._running: Future | None = None
+
+    def __call__(self) -> Future | None:
+        if self._running is not None and not self._running.done():
+            return None
+        if self._stop.is_set() or not self._turn.take():
+            return None
+        if self._pool is None:
+            self._run()
+            return None
+        self._running = self._pool.submit(self._in_background)
+        return self._running
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _run(self) -> list[RetentionRun]:
+        try:
+            return reminders_retention(
+                should_stop=lambda: self._stop.is_set() or not self._turn.keep()
+            )
+        finally:
+            self._turn.release()
+
+    def _in_background(self) -> list[RetentionRun]:
+        try:
+            return self._run()
+        except Exception:
+            logger.exception("retention failed; it runs again in its next turn")
+            raise
+        finally:
+            connection.close()  # this thread's own
+
+
 class DeliveryBackpressure:
     """Claim reminders only while the Celery delivery queue is shallower than the configured
     limit; the depth is read at most every ``every_s`` seconds (one LLEN)."""
@@ -283,12 +340,18 @@ def build_worker(
         raise ValueError(f"unknown topics {sorted(names - known)}; known: {sorted(known)}")
     reconciler = Reconciler(background=threaded)
     gate_upkeep = GateUpkeep(background=threaded)
+    retention = RetentionUpkeep(background=threaded)
     hooks = Hooks(
         may_claim=DeliveryBackpressure(),
         budget=ClaimBudget(generic),
-        housekeeping=[reconciler, gate_upkeep, BacklogSampler()],
+        housekeeping=[reconciler, gate_upkeep, retention, BacklogSampler()],
         on_error=_on_error,
-        on_shutdown=[generic.executors.close, reconciler.close, gate_upkeep.close],
+        on_shutdown=[
+            generic.executors.close,
+            reconciler.close,
+            gate_upkeep.close,
+            retention.close,
+        ],
         handed_counts=generic.executors.counts,
         load=generic.executors.load,
     )

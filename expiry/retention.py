@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from couponcenter.core.retention import RetentionRun, delete_in_batches, retention_run
@@ -45,13 +45,14 @@ def coupons_over(*, before: datetime) -> list[int]:
 def user_coupons_aged_out(*, coupon_id: int, before: datetime):
     """One coupon's user coupons used or expired before ``before`` (its unique index leads with
     the coupon). The expiry-task condition keeps a coupon whose task is somehow still pending."""
+    pending = ExpiryTask.objects.filter(status=ExpiryTask.Status.PENDING)
     return (
         UserCoupon.objects.filter(coupon_id=coupon_id)
         .filter(
             Q(status=UserCoupon.Status.USED, used_at__lt=before)
             | Q(status=UserCoupon.Status.EXPIRED, expires_at__lt=before)
         )
-        .exclude(expiry_task__status=ExpiryTask.Status.PENDING)
+        .filter(~Exists(pending.filter(user_coupon=OuterRef("pk"))))
     )
 
 

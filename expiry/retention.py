@@ -29,6 +29,15 @@ from .models import ExpiryTask
 # The names the console shows each retention's last run under (and its database table).
 EXPIRY_TASKS = ExpiryTask._meta.db_table
 USER_COUPONS = UserCoupon._meta.db_table
+# What the console lists: (name, the ExpirySettings field, what goes).
+RETENTIONS = (
+    (EXPIRY_TASKS, "retention", "Processed expiry tasks"),
+    (
+        USER_COUPONS,
+        "user_coupon_retention",
+        "Used and expired user coupons, of coupons that can no longer be claimed",
+    ),
+)
 
 
 def coupons_over(*, before: datetime) -> list[int]:

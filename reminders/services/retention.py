@@ -40,6 +40,14 @@ NOTIFICATIONS_READ = f"{NOTIFICATIONS}:read"
 NOTIFICATIONS_UNREAD = f"{NOTIFICATIONS}:unread"
 SUBSCRIPTIONS = ReminderSubscription._meta.db_table
 DEAD_LETTERS = "dead_letters"
+# What the console lists: (name, the ReminderSettings field, what goes).
+RETENTIONS = (
+    (TIMEOUT_JOBS, "timeout_job_retention", "Processed, cancelled and dead timeout jobs"),
+    (NOTIFICATIONS_READ, "notification_read_retention", "Notifications read"),
+    (NOTIFICATIONS_UNREAD, "notification_unread_retention", "Notifications never read"),
+    (SUBSCRIPTIONS, "subscription_retention", "Sent, dropped, cancelled and failed reminders"),
+    (DEAD_LETTERS, "dead_letter_retention", "Dead letters (in Redis)"),
+)
 
 Job, Sub = TimeoutJob.Status, ReminderSubscription.Status
 

@@ -327,10 +327,9 @@ class HeldOpen:
         assert self.error is None, self.error
 
 
+@pytest.mark.postgres  # row locks held by another connection
 @pytest.mark.django_db(transaction=True)
 def test_retention_racing_the_hot_paths_removes_nothing_they_touch(reminder_settings):
-    if connection.vendor != "postgresql":
-        pytest.skip("row locks held by another connection (PostgreSQL)")
     aggressive()
     now = timezone.now()
     # Rows that are past their retention as committed, each being changed by a hot path while

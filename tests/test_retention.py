@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -23,6 +24,7 @@ from couponcenter.coupons.services import coupon_redeem
 from expiry import services as expiry_services
 from expiry.models import ExpirySettings, ExpiryTask
 from expiry.retention import expiry_retention
+from reminders.engine import connection as engine_connection
 from reminders.engine import keys, queue
 from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC
@@ -97,8 +99,6 @@ def dead_letter(topic: str, slot: int, job_id: str, died_ago: timedelta) -> None
 
 
 def queue_client():
-    from reminders.engine import connection as engine_connection
-
     return engine_connection.client(None)
 
 
@@ -278,8 +278,6 @@ def test_a_retention_change_applies_from_the_next_pass(reminder_settings):
 
 
 def test_retention_bounds_are_the_models():
-    from django.core.exceptions import ValidationError
-
     row = ReminderSettings(notification_unread_retention=timedelta(days=3651))
     with pytest.raises(ValidationError) as caught:
         row.full_clean()

@@ -1,0 +1,22 @@
+"""A sweeper process of ``bench_days``'s night, spawned (not forked): it imports nothing of
+Django's models before ``django.setup()``, as a spawned child must."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+
+def sweep(now: datetime, ready, start, results) -> None:
+    """Ready, then at the start signal the sweeper's code path over what is due at ``now``."""
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from expiry.services import expiry_sweep_due
+
+    ready.put(1)
+    start.wait()
+    totals = expiry_sweep_due(now=now)
+    results.put(totals.expired)
+    connection.close()

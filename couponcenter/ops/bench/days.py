@@ -184,8 +184,10 @@ def run(
                     say(day_line(figures))
                     progress("days", day, shape.days)
     finally:
-        with contextlib.suppress(Exception):
+        try:
             _cleanup()
+        except Exception as exc:  # the run's own error, if any, is the one to raise
+            say(f"the bench rows were not all deleted ({exc}); the next run deletes them first")
         delete_keys(prefix)
         settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE = saved
     result.update(summary(days, shape))

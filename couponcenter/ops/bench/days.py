@@ -266,26 +266,31 @@ def _sweep(now: datetime) -> float:
     ctx = multiprocessing.get_context("spawn")
     ready, start, results = ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=sweeper_child.sweep, args=(now, ready, start, results))
+        ctx.Process(target=sweeper_child.sweep, args=(now, ready, start, results), daemon=True)
         for _ in range(SWEEPERS)
     ]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + WAIT_S
-    for _ in procs:
-        while True:
-            with contextlib.suppress(Empty):
-                ready.get(timeout=0.5)
-                break
-            if any(p.exitcode for p in procs) or time.monotonic() > deadline:
-                raise RuntimeError("a sweeper process did not start; see its traceback above")
-    started = time.perf_counter()
-    start.set()
-    for _ in procs:
-        results.get(timeout=WAIT_S)
-    seconds = time.perf_counter() - started
-    for proc in procs:
-        proc.join()
+    try:
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + WAIT_S
+        for _ in procs:
+            while True:
+                with contextlib.suppress(Empty):
+                    ready.get(timeout=0.5)
+                    break
+                if any(p.exitcode for p in procs) or time.monotonic() > deadline:
+                    raise RuntimeError("a sweeper process did not start; see its traceback above")
+        started = time.perf_counter()
+        start.set()
+        for _ in procs:
+            results.get(timeout=WAIT_S)
+        seconds = time.perf_counter() - started
+    finally:
+        # On an error or Ctrl-C too: a sweeper still waiting for the start would hold the exit.
+        for proc in procs:
+            if proc.is_alive() and not start.is_set():
+                proc.terminate()
+            proc.join()
     if any(proc.exitcode for proc in procs):
         raise RuntimeError("a sweeper process failed; see its traceback above")
     return max(seconds, 1e-3)

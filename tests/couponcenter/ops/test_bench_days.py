@@ -5,7 +5,15 @@ the day before's expiry tasks removed by retention once re-dated); speed is neve
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from couponcenter.coupons.bench.http import database_url
@@ -77,3 +85,57 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
     assert not TimeoutJob.objects.filter(topic=days.TOPIC).exists()
     assert not TimeoutTopic.objects.filter(name=days.TOPIC).exists()
     assert not Notification.objects.filter(user_id__gte=days.USER_BASE).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_autovacuum_and_the_retention_settings_are_put_back_after_a_failure():
+    autovacuum_before = _autovacuum()
+    retention_before = expiry_settings_get(max_age_s=0).retention
+    said: list[str] = []
+    with (
+        pytest.raises(RuntimeError, match="mid-run"),
+        days.autovacuum_on(said.append),
+        days.retention_settings(timedelta(days=1)),
+    ):
+        assert _autovacuum() == "on"
+        assert expiry_settings_get(max_age_s=0).retention == timedelta(days=1)
+        raise RuntimeError("mid-run")
+    assert _autovacuum() == autovacuum_before
+    assert expiry_settings_get(max_age_s=0).retention == retention_before
+    if autovacuum_before != "on":
+        assert said == [
+            "autovacuum switched on for this run (ALTER SYSTEM, as in production); it was "
+            f"{autovacuum_before}, and is put back afterwards",
+            f"autovacuum put back: {autovacuum_before}",
+        ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sigterm_mid_run_puts_autovacuum_back_and_deletes_the_bench_rows(tmp_path):
+    autovacuum_before = _autovacuum()
+    env = {**os.environ, "DEBUG": "1", "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "manage.py", "bench_days", "--days", "3", "--retention-days", "1"]
+    argv += ["--claims", "100", "--reminders", "20", "--timeouts", "10"]
+    err = tmp_path / "stderr"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(argv, cwd=settings.BASE_DIR, env=env, stderr=stderr,
+                                stdout=subprocess.DEVNULL)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 180
+            # Once the first day's claims are in: autovacuum is on and bench rows exist.
+            while not Coupon.objects.filter(name__startswith=days.COUPON_NAME).exists():
+                assert proc.poll() is None, err.read_text()
+                assert time.monotonic() < deadline, err.read_text()
+                time.sleep(0.1)  # polls the database
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    output = err.read_text()
+    assert proc.returncode != 0
+    if autovacuum_before != "on":
+        assert f"autovacuum put back: {autovacuum_before}" in output, output
+    assert _autovacuum() == autovacuum_before
+    assert not Coupon.objects.filter(name__startswith=days.COUPON_NAME).exists()
+    assert not TimeoutTopic.objects.filter(name=days.TOPIC).exists()

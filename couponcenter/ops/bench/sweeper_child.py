@@ -3,6 +3,7 @@ Django's models before ``django.setup()``, as a spawned child must."""
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 
 
@@ -15,8 +16,11 @@ def sweep(now: datetime, ready, start, results) -> None:
 
     from expiry.services import expiry_sweep_due
 
+    parent = os.getppid()
     ready.put(1)
-    start.wait()
+    while not start.wait(1):
+        if os.getppid() != parent:
+            return  # the run was killed before the night began: nothing to sweep for
     totals = expiry_sweep_due(now=now)
     results.put(totals.expired)
     connection.close()

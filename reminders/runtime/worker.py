@@ -110,13 +110,21 @@ class Reconciler:
             self.last = time.monotonic()
             counts = services.queues_rebuild()
             seconds = round(time.perf_counter() - started, 3)
-            logger.warning(
-                "Redis epoch marker missing (first start, flush or restart): full rebuild, "
-                "%s re-indexed in %.3f s",
-                counts,
-                seconds,
-                extra={"counts": counts, "seconds": seconds},
-            )
+            if any(counts.values()):
+                logger.warning(
+                    "Redis epoch marker missing (flush, or a restart without its data): full "
+                    "rebuild, %s re-indexed in %.3f s",
+                    counts,
+                    seconds,
+                    extra={"counts": counts, "seconds": seconds},
+                )
+            else:
+                # A first start, or a loss of nothing: Redis held every pending entry already.
+                logger.info(
+                    "Redis holds the whole schedule (checked in %.3f s against the database)",
+                    seconds,
+                    extra={"counts": counts, "seconds": seconds},
+                )
             return None
         if time.monotonic() - self.last < self.every_s:
             return None

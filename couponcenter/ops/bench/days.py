@@ -49,6 +49,7 @@ from queue import Empty
 from typing import Any
 
 from django.conf import settings
+from django.core.management.base import CommandError
 from django.db import connection, models, transaction
 from django.utils import timezone
 
@@ -60,6 +61,7 @@ from couponcenter.ops.bench.report import DAYS_RATE_KEEPS as RATE_KEEPS
 from couponcenter.ops.bench.report import DAYS_SIZE_GROWS as SIZE_GROWS
 from expiry import services as expiry_services
 from expiry.models import ExpirySettings, ExpiryTask
+from expiry.retention import expiry_retention
 from reminders.bench.end_to_end import prestage_window
 from reminders.bench.processes import bench_processes, receiver_process
 from reminders.bench.tables import delete_keys
@@ -82,6 +84,7 @@ from reminders.services import (
     timeout_jobs_rebuild,
     timeout_topic_save,
 )
+from reminders.services.retention import reminders_retention
 
 COUPON_NAME = "__bench_days__"
 TOPIC = "bench.days"
@@ -103,8 +106,7 @@ TABLES: tuple[type[models.Model], ...] = (
     TimeoutJob,
 )
 RATES = ("expiry_sweep", "inbox_burst", "timeout_create", "timeout_fire")
-# The live retention settings the run sets to ``retention_days`` (and restores): each field that
-# exists on its model (the fields of the retention of everything that grows included).
+# The live retention settings the run sets to ``retention_days`` (and restores).
 RETENTION_FIELDS: dict[type[models.Model], tuple[str, ...]] = {
     ExpirySettings: ("retention", "user_coupon_retention"),
     ReminderSettings: (
@@ -120,19 +122,15 @@ DEAD_SHARE = 0.10
 
 
 def day_retention(now: datetime) -> dict[str, int]:
-    """The app's retention and partition maintenance, one pass, as of ``now``: what each
-    production process runs on its own schedule, called here once per simulated day.
-
-    The integration point of the retention: on this branch only the expiry tasks' cleanup exists.
-    With the retention of everything that grows and the partitioned tables merged, this calls
-    ``expiry.retention.expiry_retention(now=now)`` and
-    ``reminders.services.retention.reminders_retention(now=now)`` (which create partitions ahead
-    and drop expired ones where the tables are partitioned), and returns their rows removed by
-    name.
-    """
-    config = expiry_services.expiry_settings_get(max_age_s=0)
-    removed = expiry_services.expiry_cleanup(now=now, retention=config.retention)
-    return {ExpiryTask._meta.db_table: removed}
+    """The apps' retention passes (and, where the tables are partitioned, their partition upkeep),
+    one each, as of ``now``: what the sweeper and the reminder worker run on their own schedule,
+    called here once per simulated day. Returns the rows removed by retention name; a pass that
+    failed raises (a benchmark must not go on as if it had removed nothing)."""
+    runs = [*expiry_retention(now=now), *reminders_retention(now=now)]
+    failed = [f"{run.name}: {run.error}" for run in runs if run.error]
+    if failed:
+        raise CommandError("retention failed: " + "; ".join(failed))
+    return {run.name: run.removed for run in runs}
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -660,14 +658,13 @@ def _until_setting(value: str) -> None:
 
 @contextlib.contextmanager
 def retention_settings(retention: timedelta) -> Iterator[None]:
-    """Every live retention field that exists set to ``retention``; the operator's put back."""
+    """Every live retention field set to ``retention``; the operator's put back."""
     saved: list[tuple[models.Model, dict[str, Any]]] = []
     try:
         for model, fields in RETENTION_FIELDS.items():
-            present = [f for f in fields if hasattr(model, f)]
             row = model.objects.order_by("pk").first() or model.objects.create()
-            saved.append((row, {f: getattr(row, f) for f in present}))
-            _settings_save(row, dict.fromkeys(present, retention))
+            saved.append((row, {f: getattr(row, f) for f in fields}))
+            _settings_save(row, dict.fromkeys(fields, retention))
         yield
     finally:
         for row, values in saved:

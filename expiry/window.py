@@ -5,11 +5,12 @@ The sweep yields to the urgent paths (``couponcenter.core.holdback``) only while
 still be swept inside the window. Before each batch it waits while a path is behind, and stops
 waiting once
 
-    now + SAFETY x (due pending tasks / the sweep's rate) >= oldest due expire_at + EXPIRY_WINDOW_S
+    now + poll + SAFETY x (due tasks / the sweep's rate) >= oldest due expire_at + EXPIRY_WINDOW_S
 
 The rate is the sweeper's own, measured over the batches it swept (a batch a second before it has
 swept any); ``SAFETY`` doubles the estimate, since the sweep will then share the machine with the
-paths it yielded to. Past that point the sweep runs until the urgent paths are on target again.
+paths it yielded to; the poll (``HOLDBACK_POLL_MS``) is there because the next look comes that
+much later. Past that point the sweep runs until the urgent paths are on target again.
 Cost, once per poll while it waits: the head of the pending index and a count over it (capped at
 ``selectors.COUNT_CAP``).
 """
@@ -40,7 +41,7 @@ def expiry_must_run(now_ms: int, *, rate_per_s: float) -> str | None:
     due = selectors.pending_due_count(now=now)
     needed_s = SAFETY * due / max(rate_per_s, 1.0)
     left_s = (oldest + timedelta(seconds=settings.EXPIRY_WINDOW_S) - now).total_seconds()
-    if left_s > needed_s:
+    if left_s > needed_s + settings.HOLDBACK_POLL_MS / 1000:
         return None
     return (
         f"expiry window: {due} due since {oldest:%Y-%m-%d %H:%M:%S}, about {needed_s:.0f} s "

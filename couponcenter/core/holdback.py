@@ -206,6 +206,18 @@ class HoldbackRow:
     def held(self) -> bool:
         return self.state == HELD
 
+    @property
+    def since_at(self) -> datetime | None:
+        return _moment(self.since_ms)
+
+    @property
+    def checked_at(self) -> datetime | None:
+        return _moment(self.checked_ms)
+
+    @property
+    def ended_at(self) -> datetime | None:
+        return _moment(self.ended_ms)
+
 
 def holdback_rows(*, now_ms: int | None = None) -> list[HoldbackRow]:
     """Every background job that ever waited (as recorded), by name, with its time held back
@@ -241,6 +253,10 @@ def holdback_rows(*, now_ms: int | None = None) -> list[HoldbackRow]:
             )
         )
     return rows
+
+
+def _moment(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 def _int(value: str | None) -> int | None:

@@ -112,7 +112,10 @@ class Sweeper:
 
     def _retention(self) -> int:
         """The retention pass if it is this sweeper's turn; the expiry tasks it removed."""
-        if self.retention_hold.check() or not self._turn.take():
+        if not self._turn.take():
+            return 0
+        if self.retention_hold.check():
+            self._turn.give_back()  # taken again once the urgent paths are on target
             return 0
         try:
             runs = expiry_retention(

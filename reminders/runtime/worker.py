@@ -197,8 +197,8 @@ class GateUpkeep:
             return None
         if self._running is not None and not self._running.done():
             return None
-        if self.hold.check() or not gates_maintain_turn():
-            return None
+        if not gates_maintain_turn() or self.hold.check():
+            return None  # held back: this turn is skipped
         if self._pool is None:
             gates_maintain()
             return None
@@ -243,7 +243,10 @@ class RetentionUpkeep:
     def __call__(self) -> Future | None:
         if self._running is not None and not self._running.done():
             return None
-        if self._stop.is_set() or self.hold.check() or not self._turn.take():
+        if self._stop.is_set() or not self._turn.take():
+            return None
+        if self.hold.check():
+            self._turn.give_back()  # taken again once the urgent paths are on target
             return None
         if self._pool is None:
             self._run()

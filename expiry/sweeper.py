@@ -35,7 +35,7 @@ from couponcenter.core.urgency import UrgencySignal
 from . import services
 from .retention import EXPIRY_TASKS, expiry_retention
 from .services import SweepResult, SweepTotals
-from .window import EXPIRY_RETENTION, expiry_holdback
+from .window import EXPIRY_RETENTION, expiry_due, expiry_holdback
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +128,10 @@ class Sweeper:
         return sum(run.removed for run in runs if run.name == EXPIRY_TASKS)
 
     def _before_batch(self) -> bool:
-        """Wait while an urgent path is behind, inside the expiry window; True: stop."""
-        self.hold.wait(stop=self._stop.is_set)
+        """Wait while an urgent path is behind and tasks are due, inside the expiry window;
+        True: stop."""
+        if self.hold.signal.read() and expiry_due(self.hold.clock()):
+            self.hold.wait(stop=self._stop.is_set)
         return self._stop.is_set()
 
     def _rate(self) -> float:

@@ -32,6 +32,13 @@ EXPIRY_RETENTION = "expiry retention"
 SAFETY = 2.0
 
 
+def expiry_due(now_ms: int) -> bool:
+    """Whether a task is due at ``now_ms`` (the head of the pending index): with none, a batch
+    finds nothing, and the sweep has nothing to hold back."""
+    oldest = services.next_due_at()
+    return oldest is not None and oldest <= datetime.fromtimestamp(now_ms / 1000, tz=UTC)
+
+
 def expiry_must_run(now_ms: int, *, rate_per_s: float) -> str | None:
     """Why the sweep must not wait any longer at ``now_ms``, or None while it still may."""
     now = datetime.fromtimestamp(now_ms / 1000, tz=UTC)

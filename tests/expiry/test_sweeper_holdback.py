@@ -146,3 +146,14 @@ def test_nothing_due_yet_is_nothing_to_keep_inside_a_window(settings, reminder_s
     sweeper = sweeper_on(clock)
     sweeper.hold.wait(stop=lambda: clock.sleeps == 2)  # waits: the sweep has no deadline now
     assert clock.sleeps == 2
+
+
+def test_with_nothing_due_the_sweep_does_not_wait_or_say_it_was_held(settings, reminder_settings):
+    settings.URGENCY_CACHE_MS = 0
+    clock = Clock(epoch_ms())
+    reminders_behind(clock)
+    later = datetime.now(tz=UTC) + timedelta(hours=1)
+    ExpiryTaskFactory(user_coupon=UserCouponFactory(expires_at=later), expire_at=later)
+    result = sweeper_on(clock).run_once()
+    assert result.ok and result.totals.processed == 0
+    assert clock.sleeps == 0 and EXPIRY_SWEEP not in {r.job for r in holdback_rows()}

@@ -6,9 +6,11 @@ Django test client."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from couponcenter.core.holdback import Holdback
 from couponcenter.core.urgency import UrgencySignal
@@ -17,7 +19,7 @@ from expiry.window import EXPIRY_SWEEP
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC
-from tests.support.factories import UserFactory
+from tests.support.factories import ExpiryTaskFactory, UserCouponFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 PAGE = "/admin/console/"
@@ -74,6 +76,8 @@ def test_a_sweep_past_its_window_says_it_runs_although_behind(staff, reminder_se
     settings.HOLDBACK_POLL_MS = 10
     now = epoch_ms()
     queue.schedule(REMINDER_TOPIC, "late", now - 60_000, slot=0, now_ms=now)
+    due = timezone.now() - timedelta(minutes=1)  # a task due: the sweep has work to hold back
+    ExpiryTaskFactory(user_coupon=UserCouponFactory(expires_at=due), expire_at=due)
     sweeper = Sweeper(batch_size=10)
     sweeper.hold.must_run = lambda now_ms: "expiry window: test"
     sweeper.run_once()

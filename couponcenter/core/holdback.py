@@ -28,9 +28,10 @@ from datetime import UTC, datetime
 
 import redis
 from django.conf import settings
+from prometheus_client.core import GaugeMetricFamily
 
 from couponcenter.core.redis import get_redis
-from couponcenter.core.urgency import Behind, Clock, UrgencySignal, epoch_ms
+from couponcenter.core.urgency import Behind, Clock, UrgencySignal, epoch_ms, urgency_now
 from couponcenter.core.urgency import signal as process_signal
 
 logger = logging.getLogger(__name__)
@@ -253,6 +254,38 @@ def holdback_rows(*, now_ms: int | None = None) -> list[HoldbackRow]:
             )
         )
     return rows
+
+
+def holdback_gauges() -> list[GaugeMetricFamily]:
+    """``/metrics`` at scrape time: each urgent path's value and target, and per background job
+    whether it waits (1), runs although a path is behind (``overridden``) and its time held back
+    today (registered as the ``urgency`` state source by ``couponcenter.ops``)."""
+    value = GaugeMetricFamily(
+        "couponcenter_urgent_path_seconds",
+        "An urgent path's signal now: the oldest unclaimed due job's age, or the claims' p99",
+        labels=["path"],
+    )
+    target = GaugeMetricFamily(
+        "couponcenter_urgent_path_target_seconds", "The signal's target", labels=["path"]
+    )
+    for reading in urgency_now().readings:
+        value.add_metric([reading.path], reading.value_ms / 1000)
+        target.add_metric([reading.path], reading.target_ms / 1000)
+    state = GaugeMetricFamily(
+        "couponcenter_holdback_state",
+        "1 for the background job's state now (running, held, overridden)",
+        labels=["job", "state"],
+    )
+    today = GaugeMetricFamily(
+        "couponcenter_holdback_today_seconds",
+        "Time the background job waited for the urgent paths today (UTC), all processes",
+        labels=["job"],
+    )
+    for row in holdback_rows():
+        for name in (RUNNING, HELD, OVERRIDDEN):
+            state.add_metric([row.job, name], 1.0 if row.state == name else 0.0)
+        today.add_metric([row.job], row.held_today_ms / 1000)
+    return [value, target, state, today]
 
 
 def _moment(ms: int | None) -> datetime | None:

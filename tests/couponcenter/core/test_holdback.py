@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from couponcenter.core.holdback import HELD, OVERRIDDEN, RUNNING, Holdback, holdback_rows
+from couponcenter.core.holdback import (
+    HELD,
+    OVERRIDDEN,
+    RUNNING,
+    Holdback,
+    holdback_gauges,
+    holdback_rows,
+)
 from couponcenter.core.urgency import UrgencySignal
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
@@ -157,3 +164,23 @@ def test_the_days_total_adds_up_every_process_of_a_job(clock, reminder_settings)
     clock.ms += 2000
     assert one.check() and two.check()
     assert row().held_today_ms == 4000
+
+
+def test_metrics_show_the_paths_and_each_jobs_state(clock, reminder_settings, settings):
+    settings.HOLDBACK_MAX_S = 10
+    behind(clock)
+    waiting, overriding = hold_of(clock, "retention"), hold_of(clock, "gates")
+    assert waiting.check() and overriding.check()
+    clock.ms += 10_000
+    assert overriding.check() is False
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in holdback_gauges()
+        for s in family.samples
+    }
+    assert samples[("couponcenter_urgent_path_target_seconds", (("path", "reminders"),))] == 1.0
+    assert samples[("couponcenter_urgent_path_seconds", (("path", "reminders"),))] >= 30.0
+    assert samples[("couponcenter_holdback_state", (("job", "retention"), ("state", HELD)))] == 1
+    state = ("couponcenter_holdback_state", (("job", "gates"), ("state", OVERRIDDEN)))
+    assert samples[state] == 1
+    assert samples[("couponcenter_holdback_today_seconds", (("job", "gates"),))] == 10.0

@@ -15,12 +15,16 @@ from couponcenter.core.holdback import (
     holdback_gauges,
     holdback_rows,
 )
+from couponcenter.core.redis import get_redis, is_cluster
 from couponcenter.core.urgency import UrgencySignal
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC
+from tests.reminders.engine import conftest as engine_conftest
 
 pytestmark = pytest.mark.django_db
+# The engine tests' session-wide 3-master Redis Cluster.
+redis_cluster, cluster_client = engine_conftest.redis_cluster, engine_conftest.cluster_client
 
 
 class Clock:
@@ -184,3 +188,21 @@ def test_metrics_show_the_paths_and_each_jobs_state(clock, reminder_settings, se
     state = ("couponcenter_holdback_state", (("job", "gates"), ("state", OVERRIDDEN)))
     assert samples[state] == 1
     assert samples[("couponcenter_holdback_today_seconds", (("job", "gates"),))] == 10.0
+
+
+@pytest.mark.cluster
+def test_on_a_redis_cluster(cluster_client, clock, reminder_settings, settings):
+    """The signal's keys, the engine's slots and the records land on several nodes: every read
+    and write is a pipeline a cluster takes as one server does."""
+    node = cluster_client.get_primaries()[0]
+    settings.REDIS_URL = f"redis+cluster://{node.host}:{node.port}"
+    assert is_cluster(get_redis())
+    hold = hold_of(clock)
+    behind(clock)
+    assert hold.check()
+    clock.ms += 2000
+    assert hold.check()
+    assert (row().state, row().path, row().held_today_ms) == (HELD, "reminders", 2000)
+    caught_up()
+    assert hold.check() is False and row().state == RUNNING
+    assert {f.name for f in holdback_gauges()} >= {"couponcenter_holdback_state"}

@@ -333,6 +333,25 @@ RETENTION_BATCH_SIZE = _env_int("RETENTION_BATCH_SIZE", 2000, 1, 100_000)
 # Redis every time).
 GATE_LOCAL_MS = _env_int("GATE_LOCAL_MS", 100, 0, 5000)
 
+# --- Resource-aware dispatch (couponcenter.core.urgency and .holdback; docs/operations.md)
+# The urgent paths' targets: a path is behind while its signal is past its target (reminders and
+# timeouts: how long the oldest due job has waited unclaimed; claims: the p99 answer time of the
+# last second in any web process), and background work (the expiry sweep, retention, the claim
+# gates' upkeep, the reminders' periodic reconcile) then waits before its next batch.
+URGENT_REMINDERS_TARGET_MS = _env_int("URGENT_REMINDERS_TARGET_MS", 1000, 10, 3_600_000)
+URGENT_TIMEOUTS_TARGET_MS = _env_int("URGENT_TIMEOUTS_TARGET_MS", 1000, 10, 3_600_000)
+URGENT_CLAIMS_TARGET_MS = _env_int("URGENT_CLAIMS_TARGET_MS", 500, 10, 60_000)
+# Each process reads the signal at most this often (its answer is kept meanwhile).
+URGENCY_CACHE_MS = _env_int("URGENCY_CACHE_MS", 500, 0, 60_000)
+# A waiting background job looks at the signal again this often.
+HOLDBACK_POLL_MS = _env_int("HOLDBACK_POLL_MS", 1000, 10, 60_000)
+# A maintenance job (retention, gates, reconcile) waits at most this long in one stretch, then
+# runs while the urgent path stays behind (its own work must not wait forever); 0: never waits.
+HOLDBACK_MAX_S = _env_int("HOLDBACK_MAX_S", 900, 0, 86_400)
+# The expiry window: a coupon expires at most this long after its expire_at. The sweep waits for
+# the urgent paths only while what is due can still be swept inside it (expiry.window).
+EXPIRY_WINDOW_S = _env_int("EXPIRY_WINDOW_S", 3600, 60, 86_400)
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "Coupon Center API",
     "DESCRIPTION": "Coupons, claims, on-the-second reminders, generic timeouts and operations.",

@@ -260,3 +260,12 @@ class RetentionTurn:
                 lock.release()
             except (redis.exceptions.LockError, redis.RedisError):
                 logger.warning("retention: could not release %s (it lapses)", self.lease_key)
+
+    def give_back(self) -> None:
+        """Release a turn taken but not used (background work held back for the urgent paths,
+        docs/operations.md): the next ``take()``, here or elsewhere, may run the pass at once."""
+        self.release()
+        try:
+            get_redis().delete(self.turn_key)
+        except redis.RedisError:
+            logger.warning("retention: could not give back %s (it lapses)", self.turn_key)

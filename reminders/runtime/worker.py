@@ -7,6 +7,9 @@
   final (``services.orphans``: a subscribe/unsubscribe race can index a cancelled row); in the
   worker process it runs in a thread of its own, off the dispatch loop; and the claim gates'
   upkeep (``GateUpkeep``); and the reminders' retention (``RetentionUpkeep``);
+- background work yields to the urgent paths (docs/operations.md, Resource-aware dispatch): the
+  gates' upkeep and the retention skip their turn, or stop after their batch, while one is behind
+  (``couponcenter.core.holdback``); the reconcile does not, being the reminders' own guarantee;
 - backpressure: claiming of reminders pauses while the Celery delivery queue is deeper than
   ``ReminderSettings.max_delivery_queue`` (the backlog waits in Redis, where it is safe);
 - errors close stale database connections so a restarted PostgreSQL is picked up again.
@@ -28,6 +31,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from couponcenter.core import __version__
+from couponcenter.core.holdback import Holdback
 from couponcenter.core.redis import get_redis
 from couponcenter.core.retention import RetentionRun, RetentionTurn
 from couponcenter.coupons.gate import gates_maintain, gates_maintain_turn
@@ -50,6 +54,8 @@ from reminders.services.retention import reminders_retention
 logger = logging.getLogger(__name__)
 BROKER_WARN_EVERY_S = 10.0
 BROKER_RETRY_S = 1.0
+# The background jobs' names in the hold-back records (the console's rows).
+GATES_JOB, RETENTION_JOB = "claim gates", "reminders retention"
 
 
 class BacklogSampler:
@@ -186,6 +192,7 @@ class GateUpkeep:
     """
 
     def __init__(self, *, background: bool = False) -> None:
+        self.hold = Holdback(GATES_JOB)
         self._pool = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-upkeep")
             if background
@@ -198,8 +205,8 @@ class GateUpkeep:
             return None
         if self._running is not None and not self._running.done():
             return None
-        if not gates_maintain_turn():
-            return None
+        if not gates_maintain_turn() or self.hold.check():
+            return None  # held back: this turn is skipped
         if self._pool is None:
             gates_maintain()
             return None
@@ -232,6 +239,7 @@ class RetentionUpkeep:
 
     def __init__(self, *, background: bool = False) -> None:
         self._turn = RetentionTurn("reminders", every_s=settings.RETENTION_EVERY_S)
+        self.hold = Holdback(RETENTION_JOB)
         self._stop = threading.Event()
         self._pool = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="retention")
@@ -244,6 +252,9 @@ class RetentionUpkeep:
         if self._running is not None and not self._running.done():
             return None
         if self._stop.is_set() or not self._turn.take():
+            return None
+        if self.hold.check():
+            self._turn.give_back()  # taken again once the urgent paths are on target
             return None
         if self._pool is None:
             self._run()
@@ -259,7 +270,9 @@ class RetentionUpkeep:
     def _run(self) -> list[RetentionRun]:
         try:
             return reminders_retention(
-                should_stop=lambda: self._stop.is_set() or not self._turn.keep()
+                should_stop=lambda: (
+                    self._stop.is_set() or not self._turn.keep() or self.hold.check()
+                )
             )
         finally:
             self._turn.release()

@@ -256,7 +256,6 @@ def test_the_gateway_adds_the_legacy_headers_when_asked(webhook, settings):
 # --- the upgrade -------------------------------------------------------------------------------
 
 BEFORE = [("reminders", "0015_timeout_topic_knob_help")]
-AFTER = [("reminders", "0016_topic_standard_webhooks")]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -269,8 +268,9 @@ def test_http_topics_kept_as_data_keep_the_legacy_headers_on_upgrade():
                            secret=TEXT_SECRET)  # fmt: skip
         old.objects.create(name="old.log", type="log")
     finally:
+        # Through 0016 (which marks the topics) to the latest: the models below are today's.
         executor = MigrationExecutor(connection)
-        executor.migrate(AFTER)
+        executor.migrate(executor.loader.graph.leaf_nodes())
     legacy = dict(TimeoutTopic.objects.values_list("name", "legacy_signature"))
     assert legacy == {"old.http": True, "old.log": False}
     new = timeout_topic_save(topic=TimeoutTopic(name="new.http"), type="http",

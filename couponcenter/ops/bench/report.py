@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from reminders.bench.fanout import OF_BULLMQ_TARGET, OF_WRK_TARGET
+
 
 @dataclass
 class Figure:
@@ -226,6 +228,7 @@ def figures(result: dict[str, Any]) -> list[Figure]:
                 "requests/s",
             )
         )
+    rows += _fanout_figures(result.get("fanout", {}))
     p = result.get("peers", {})
     if p and r:
         ours = round(r["count"] / r["end_to_end_s"]) if r.get("end_to_end_s") else None
@@ -265,6 +268,49 @@ def figures(result: dict[str, Any]) -> list[Figure]:
                         p.get(f"{key}_p999_ms"),
                     )
                 )
+    return rows
+
+
+def _fanout_figures(f: dict[str, Any]) -> list[Figure]:
+    if not f.get("ours_per_s"):
+        return []
+    n, c = f"{f['fanout_count']:,}", f["fanout_concurrency"]
+    of_wrk, of_bullmq = f.get("fanout_of_wrk"), f.get("fanout_of_bullmq")
+    rows = [
+        Figure(
+            f"fan-out: {n} webhooks to nginx (204), {c} connections",
+            f["ours_per_s"],
+            "/s",
+            "wrk on the same nginx and connections",
+            f.get("wrk_per_s"),
+            of_wrk,
+            f">= {OF_WRK_TARGET:.2f} of wrk",
+            of_wrk is not None and of_wrk >= OF_WRK_TARGET,
+        )
+    ]
+    if f.get("bullmq_per_s"):
+        rows.append(
+            Figure(
+                f"fan-out: a BullMQ worker (fetch) posting the same {n} webhooks",
+                f["bullmq_per_s"],
+                "/s",
+                "ours",
+                f["ours_per_s"],
+                of_bullmq,
+                f"ours > {OF_BULLMQ_TARGET:.1f}x BullMQ",
+                of_bullmq is not None and of_bullmq > OF_BULLMQ_TARGET,
+            )
+        )
+    rows.append(
+        Figure(
+            "fan-out: worker CPU seconds per 1,000 webhooks, ours",
+            f.get("ours_cpu_s_per_1k"),
+            "s",
+            "BullMQ's",
+            f.get("bullmq_cpu_s_per_1k"),
+            _ratio(f.get("ours_cpu_s_per_1k"), f.get("bullmq_cpu_s_per_1k")),
+        )
+    )
     return rows
 
 
@@ -335,6 +381,8 @@ RATIO_TARGETS = {
     "timeouts_http_of_raw_receiver": 0.5,
     "rush_answers_of_raw_http": 0.7,
     "rush_winners_of_raw_http": 0.5,
+    "fanout_of_wrk": OF_WRK_TARGET,
+    "fanout_of_bullmq": OF_BULLMQ_TARGET,  # ahead of it: strictly above
 }
 RUSH_REFUSALS_OF_RAW = RATIO_TARGETS["rush_answers_of_raw_http"]
 RUSH_WINNERS_OF_RAW = RATIO_TARGETS["rush_winners_of_raw_http"]
@@ -359,6 +407,8 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
     refusals, winners = _rush_runs(result.get("rush", {})) or ({}, {})
     out["rush_answers_of_raw_http"] = refusals.get("answers_of_healthz")
     out["rush_winners_of_raw_http"] = winners.get("answers_of_healthz")
+    out["fanout_of_wrk"] = result.get("fanout", {}).get("fanout_of_wrk")
+    out["fanout_of_bullmq"] = result.get("fanout", {}).get("fanout_of_bullmq")
     return out
 
 
@@ -378,6 +428,8 @@ def at_a_glance(result: dict[str, Any]) -> dict[str, Any]:
         "fast_topic_p99_ms_beside_slow_topic": t.get("isolation_lateness_p99_ms"),
         "rush_p99_ms": max((run["p99_ms"] for run in rush), default=None),
         "rush_exact": all(run["exact"] for run in rush) if rush else None,
+        "fanout_cpu_s_per_1k": result.get("fanout", {}).get("fanout_cpu_s_per_1k"),
+        "fanout_bullmq_cpu_s_per_1k": result.get("fanout", {}).get("fanout_bullmq_cpu_s_per_1k"),
     }
 
 

@@ -43,7 +43,7 @@ from couponcenter.core.webhooks import SECRET_PREFIX, signature, signed_headers
 from couponcenter.coupons.bench import load_generators
 from couponcenter.coupons.bench.http import WRK_PLAIN_SCRIPT
 from couponcenter.coupons.bench.progress import Progress
-from reminders.bench.nginx import Arrival, Nginx, nginx_binary, nginx_receiver
+from reminders.bench.nginx import LOG_FLUSH_S, Arrival, Nginx, nginx_binary, nginx_receiver
 from reminders.bench.peers import BULLMQ_VERSION, npm_package
 from reminders.bench.processes import timeout_worker_process
 from reminders.bench.timeouts import FAR, _cleanup, _create, _move_due, _topic, quiet_database
@@ -85,14 +85,23 @@ def _checked(arrivals: list[Arrival], expected_ids: set[str], who: str) -> dict[
     """What arrived is each job once (a retry arrives again under its id: counted apart), every
     one answered 204 and signed; the figures are of those."""
     ids = [a.webhook_id for a in arrivals]
-    missing = expected_ids - set(ids)
+    missing, unexpected = expected_ids - set(ids), set(ids) - expected_ids
     unsigned = sum(1 for a in arrivals if not a.webhook_signature.startswith("v1,"))
-    if missing or unsigned or any(a.status != 204 for a in arrivals):
+    if missing or unexpected or unsigned or any(a.status != 204 for a in arrivals):
         raise RuntimeError(
             f"{who}: {len(missing)} of {len(expected_ids)} webhooks never arrived, "
-            f"{unsigned} unsigned, {sum(a.status != 204 for a in arrivals)} not answered 204"
+            f"{len(unexpected)} not of its jobs, {unsigned} unsigned, "
+            f"{sum(a.status != 204 for a in arrivals)} not answered 204"
         )
     return {"arrived": len(arrivals), "repeated": len(ids) - len(set(ids))}
+
+
+def _wait_logged(nginx: Nginx, path: str, count: int) -> None:
+    """Until ``count`` requests to ``path`` are in the log (it is written in buffers), or a few
+    flush intervals passed (the check that follows then says what is missing)."""
+    deadline = time.monotonic() + 20 * LOG_FLUSH_S
+    while nginx.count(path) < count and time.monotonic() < deadline:
+        time.sleep(LOG_FLUSH_S / 10)
 
 
 def _signed_by(secret: str, arrival: Arrival, job: TimeoutJob) -> bool:
@@ -113,10 +122,16 @@ def _lua_string(text: str) -> str:
 def bench_wrk(nginx: Nginx, *, seconds: float, connections: int, secret: str) -> dict[str, Any]:
     """wrk posting one signed body of our payload's size, ``connections`` connections."""
     body = json.dumps(
-        {"job_id": 1, "topic": TOPIC, "biz_type": "bench", "biz_id": "f-1",
-         "action_time": timezone.now().isoformat(), "attribute": {}},
+        {
+            "job_id": 1,
+            "topic": TOPIC,
+            "biz_type": "bench",
+            "biz_id": "f-1",
+            "action_time": timezone.now().isoformat(),
+            "attribute": {},
+        },
         sort_keys=True,
-    ).encode()  # fmt: skip
+    ).encode()
     headers = {
         "Content-Type": "application/json",
         "Idempotency-Key": f"{TOPIC}:1",
@@ -153,8 +168,14 @@ def bench_ours(
     nginx: Nginx, *, count: int, concurrency: int, secret: str, prefix: str, progress: Progress
 ) -> dict[str, Any]:
     _topic(TOPIC, f"{nginx.url}/ours", concurrency=concurrency, slots=16, secret=secret)
-    _create(TOPIC, count, at=timezone.now() + FAR, prefix="f", progress=progress,
-            what="ours: create jobs")  # fmt: skip
+    _create(
+        TOPIC,
+        count,
+        at=timezone.now() + FAR,
+        prefix="f",
+        progress=progress,
+        what="ours: create jobs",
+    )
     quiet_database()
     with timeout_worker_process(prefix, (TOPIC,), str(settings.VAR_DIR)) as worker:
         cpu_before = _cpu_s(worker.pid)
@@ -170,7 +191,7 @@ def bench_ours(
         else:
             raise RuntimeError(f"ours: {nginx.count('/ours')} of {count} arrived in time")
         cpu = _cpu_s(worker.pid) - cpu_before
-    time.sleep(0.2)  # nginx flushes its log every 100 ms: a late retry is seen too
+    time.sleep(LOG_FLUSH_S)  # a retry still in flight at the last settle is logged too
     arrivals = nginx.arrivals("/ours")
     jobs = {f"{TOPIC}:{job.pk}": job for job in TimeoutJob.objects.filter(topic=TOPIC)}
     checked = _checked(arrivals, set(jobs), "ours")
@@ -210,8 +231,11 @@ def bench_bullmq(
     }
     proc = subprocess.Popen(
         [shutil.which("node") or "node", str(JS), json.dumps(args)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     try:
@@ -236,7 +260,7 @@ def bench_bullmq(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    time.sleep(0.2)  # nginx flushes its log every 100 ms
+    _wait_logged(nginx, "/bullmq", count)
     arrivals = nginx.arrivals("/bullmq")
     checked = _checked(arrivals, {f"{TOPIC}:{n}" for n in range(1, count + 1)}, "BullMQ")
     seconds = _span(arrivals)
@@ -260,8 +284,10 @@ def run(
 ) -> dict[str, Any]:
     missing = missing_tools()
     if missing:
-        raise ToolMissing(f"bench_fanout needs {' and '.join(missing)}: apt-get install "
-                          f"{' '.join(missing)} (make bench does)")  # fmt: skip
+        raise ToolMissing(
+            f"bench_fanout needs {' and '.join(missing)}: apt-get install "
+            f"{' '.join(missing)} (make bench does)"
+        )
     progress = progress or _noop
     prefix = f"ccbench-{uuid.uuid4().hex[:8]}"
     settings.REDIS_KEY_PREFIX = prefix
@@ -275,12 +301,27 @@ def run(
                 bench_wrk(nginx, seconds=wrk_seconds, connections=concurrency, secret=secret)
             )
             say(f"fan-out: ours, {count:,} http jobs due together, concurrency {concurrency}")
-            result.update(bench_ours(nginx, count=count, concurrency=concurrency, secret=secret,
-                                     prefix=prefix, progress=progress))  # fmt: skip
+            result.update(
+                bench_ours(
+                    nginx,
+                    count=count,
+                    concurrency=concurrency,
+                    secret=secret,
+                    prefix=prefix,
+                    progress=progress,
+                )
+            )
             if bullmq:
                 say(f"fan-out: BullMQ, {count:,} jobs, concurrency {concurrency}, fetch")
-                result.update(bench_bullmq(nginx, count=count, concurrency=concurrency,
-                                           secret=secret, progress=progress))  # fmt: skip
+                result.update(
+                    bench_bullmq(
+                        nginx,
+                        count=count,
+                        concurrency=concurrency,
+                        secret=secret,
+                        progress=progress,
+                    )
+                )
     finally:
         _cleanup(prefix, (TOPIC,))
     result.update(ratios(result))

@@ -24,6 +24,8 @@ from pathlib import Path
 
 from couponcenter.coupons.bench.http import free_port, stop
 
+# How often nginx writes its buffered access log (the ``flush=`` below).
+LOG_FLUSH_S = 0.1
 # The access log's fields, tab-separated (a signature holds spaces while a secret rotates).
 LOG_FIELDS = ("msec", "uri", "status", "webhook_id", "webhook_timestamp", "webhook_signature")
 _LOG_FORMAT = "\\t".join(
@@ -45,7 +47,7 @@ http {{
   uwsgi_temp_path {dir}/uwsgi;
   scgi_temp_path {dir}/scgi;
   log_format webhooks '{log_format}';
-  access_log {dir}/access.log webhooks buffer=256k flush=100ms;
+  access_log {dir}/access.log webhooks buffer=256k flush={flush_ms}ms;
   keepalive_requests 1000000;
   keepalive_timeout 75s;
   server {{
@@ -83,7 +85,7 @@ class Nginx:
         return self.directory / "access.log"
 
     def count(self, path: str) -> int:
-        """Requests logged for ``path`` so far (the log is flushed every 100 ms)."""
+        """Requests logged for ``path`` so far (the log is written every ``LOG_FLUSH_S``)."""
         needle = f"\t{path}\t".encode()
         with open(self.access_log, "rb") as log:
             return sum(1 for line in log if needle in line)
@@ -116,7 +118,11 @@ def nginx_receiver(*, timeout_s: float = 15) -> Iterator[Nginx]:
     directory = Path(tempfile.mkdtemp(prefix="ccbench-nginx-"))
     port = free_port()
     conf = directory / "nginx.conf"
-    conf.write_text(CONFIG.format(dir=directory, port=port, log_format=_LOG_FORMAT))
+    conf.write_text(
+        CONFIG.format(
+            dir=directory, port=port, log_format=_LOG_FORMAT, flush_ms=round(LOG_FLUSH_S * 1000)
+        )
+    )
     (directory / "access.log").touch()
     # -e: the error log before the configuration is read (else the compiled-in root path).
     argv = [binary, "-p", str(directory), "-c", str(conf), "-e", str(directory / "error.log")]

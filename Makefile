@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 # Development settings for everything started from here (production defaults DEBUG to off).
 export DEBUG ?= 1
 
-.PHONY: install lock run test test-chaos lint format bench wrk clean admin-password
+.PHONY: install lock run test test-chaos lint format bench wrk nginx clean admin-password
 
 # The locked versions (requirements.lock, from `make lock`), installed by uv: a few seconds where
 # pip takes minutes. uv comes from PATH, or is bootstrapped into the venv; pip is the fallback.
@@ -67,7 +67,7 @@ format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: install wrk
+bench: install wrk nginx
 	$(PY) manage.py bench_all
 
 # The HTTP benchmarks' load generator, from Debian's packages.
@@ -77,6 +77,16 @@ wrk:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; \
 	else \
 	  echo "wrk is not installed: run 'sudo apt-get install wrk' (Debian/Ubuntu), then make bench again"; exit 1; \
+	fi
+
+# The fan-out benchmark's fast receiver (bench_fanout), from Debian's packages; the benchmark
+# starts and stops its own nginx, never the system service.
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null; \
+	else \
+	  echo "nginx is not installed: run 'sudo apt-get install nginx-light' (Debian/Ubuntu), then make bench again"; exit 1; \
 	fi
 
 clean:

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from couponcenter.core.webhooks import check_target, guarded_session, post_signed, secret_problem
+from couponcenter.core.webhooks import OutboundPool, check_target, post_signed, secret_problem
 from reminders.models import Notification
 
 logger = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class WebhookGateway:
 
     def deliver(self, messages: list[Message]) -> list[Delivered]:
         results = []
-        with guarded_session() as session:
+        with OutboundPool() as pool:
             for m in messages:
                 body = json.dumps(
                     {
@@ -155,7 +155,7 @@ class WebhookGateway:
                         body,
                         secrets=self.secrets,
                         idempotency_key=m.dedup_key,
-                        session=session,
+                        pool=pool,
                         what="webhook",
                         legacy_signature=self.legacy_signature,
                     )

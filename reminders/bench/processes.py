@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from celery import current_app
 from django.conf import settings
 
-from couponcenter.coupons.bench.http import free_port, stop
+from couponcenter.coupons.bench.http import database_url, free_port, stop
 from reminders.engine import leases
 
 # Pool processes of the one Celery worker: one per core of the benchmark machine.
@@ -99,9 +99,12 @@ def receiver_process():
 @contextmanager
 def timeout_worker_process(prefix: str, topics: tuple[str, ...], log_dir: str):
     """``run_reminder_worker`` firing only ``topics``, on the bench's key prefix, until its lease
-    shows up in Redis; its log is ``bench-timeouts-worker.log`` in ``log_dir``."""
+    shows up in Redis; its log is ``bench-timeouts-worker.log`` in ``log_dir``. It uses this
+    process's database and Redis (under pytest, the test database)."""
     env = {
         **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": settings.REDIS_URL,
         "REDIS_KEY_PREFIX": prefix,
         "LOG_LEVEL": "WARNING",
         "WEBHOOK_ALLOW_PRIVATE": "1",

@@ -110,13 +110,13 @@ def bench_raw(receiver: str, *, count: int, threads: int) -> dict[str, Any]:
     return {"raw_receiver_per_s": round(per_thread * threads / elapsed)}
 
 
-def _topic(name: str, url: str, **fields) -> TimeoutTopic:
+def _topic(name: str, url: str, *, secret: str | None = None, **fields) -> TimeoutTopic:
     TimeoutTopic.objects.filter(name=name).delete()
     return timeout_topic_save(
         topic=TimeoutTopic(name=name),
         type="http",
         target=url,
-        secret=secrets.token_urlsafe(32),
+        secret=secret or secrets.token_urlsafe(32),
         allow_http=True,
         **fields,
     )
@@ -327,24 +327,24 @@ def bench_api(*, bulk_jobs: int, cancels: int, progress: Progress) -> dict[str, 
 _sessions = threading.local()
 
 
-def _cleanup(prefix: str) -> None:
-    _cleanup_rows()
+def _cleanup(prefix: str, topics: tuple[str, ...] = TOPICS) -> None:
+    _cleanup_rows(topics)
     client = get_redis()
     batch = list(client.scan_iter(match=f"{prefix}:*", count=1000))
     for i in range(0, len(batch), 1000):
         client.delete(*batch[i : i + 1000])
 
 
-def _cleanup_rows() -> None:
+def _cleanup_rows(topics: tuple[str, ...] = TOPICS) -> None:
     """The bench topics' rows and topics (also at the start: a run that was killed left its
     own, which a new worker's rebuild would index and fire in the middle of this run)."""
-    for topic in TOPICS:
+    for topic in topics:
         while True:
             ids = list(TimeoutJob.objects.filter(topic=topic).values_list("pk", flat=True)[:50_000])
             if not ids:
                 break
             TimeoutJob.objects.filter(pk__in=ids).delete()
-    TimeoutTopic.objects.filter(name__in=TOPICS).delete()
+    TimeoutTopic.objects.filter(name__in=topics).delete()
 
 
 def run(

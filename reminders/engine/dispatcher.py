@@ -84,6 +84,10 @@ class ClaimBudget(Protocol):
         """A claim cut short by ``take`` came back full: ``due_left`` due entries of its slot
         (at most what the cut refused) are waiting because of it."""
 
+    def rate_cut(self, topic: Topic) -> int:
+        """How many of what the last ``take`` of ``topic`` refused are worth counting as held
+        back (a rate limit's refusals; 0: none, and the loop counts nothing)."""
+
 
 @dataclass(frozen=True)
 class Hooks:
@@ -270,6 +274,9 @@ class Dispatcher:
         """Tell the budget how many due entries a cut left in the slot (only after a cut, so an
         unthrottled claim costs nothing more)."""
         if self.budget is None:
+            return
+        refused = min(refused, self.budget.rate_cut(topic))
+        if refused <= 0:  # cut for want of executor room only: nothing to count, no round trip
             return
         due = queue.due_count(
             topic.name, slot, now_ms=self.clock() + ts.lookahead_ms, client=self.client

@@ -19,14 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import requests
 from celery import current_app
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from couponcenter.core import tracing
 from couponcenter.core.time import utc_text
-from couponcenter.core.webhooks import post_signed
+from couponcenter.core.webhooks import OutboundPool, post_signed
 from reminders import metrics
 from reminders.alerts import headline, raise_alert
 from reminders.engine import queue
@@ -319,7 +318,7 @@ def job_payload(job: TimeoutJob) -> dict[str, Any]:
 
 
 def fire_jobs(
-    spec: TimeoutTopicSpec, jobs: list[TimeoutJob], session: requests.Session | None
+    spec: TimeoutTopicSpec, jobs: list[TimeoutJob], pool: OutboundPool | None
 ) -> dict[int, str | None]:
     """Fire ``jobs`` by the topic's type; returns the error of each job that failed.
 
@@ -327,7 +326,7 @@ def fire_jobs(
     - ``callable``: ``path(jobs)`` once; it may return ``{job_id: error}`` for jobs that failed
       (raising fails the whole batch);
     - ``celery``: one task for the batch, called with ``jobs=[payload, ...]``;
-    - ``http``: a signed POST per job (the body is the job's payload), on the executor's session,
+    - ``http``: a signed POST per job (the body is the job's payload), on the executor's pool,
       its ``webhook-id`` the job's idempotency key (``<topic>:<job_id>``, the same on every
       retry).
     """
@@ -360,7 +359,7 @@ def fire_jobs(
                 spec.url,
                 body,
                 secrets=secrets,
-                session=session,
+                pool=pool,
                 idempotency_key=f"{job.topic}:{job.pk}",
                 timeout_s=spec.timeout_ms / 1000,
                 allow_http=spec.allow_http,

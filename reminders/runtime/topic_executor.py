@@ -4,7 +4,7 @@ The dispatch loop only claims, takes the rows (one ``UPDATE ... RETURNING``) and
 to their topic's executor; it never waits for a receiver. An executor fires with its topic's own
 concurrency and timeout:
 
-- ``http``: one job per call, on one pooled keep-alive session (``concurrency`` connections);
+- ``http``: one job per call, on one keep-alive ``OutboundPool`` (``concurrency`` connections);
 - ``celery``: one task per batch; ``callable``: called with the batch; ``log``: logs it.
 
 A single settler thread per executor gathers what fired and settles it in bulk
@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 from django.db import close_old_connections
 
-from couponcenter.core.webhooks import guarded_session
+from couponcenter.core.webhooks import OutboundPool
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
@@ -98,7 +98,7 @@ class TopicExecutor:
         per_call = 1 if spec.type == "http" else BATCH_JOBS
         self.batch_size = spec.concurrency * per_call
         self.capacity = QUEUE_DEPTH * self.batch_size
-        self._session = guarded_session(pool_size=spec.concurrency) if spec.type == "http" else None
+        self._pool_http = OutboundPool(pool_size=spec.concurrency) if spec.type == "http" else None
         self._lock = threading.Condition()
         self._in_flight = 0
         self.counts = {"acked": 0, "retried": 0, "dead": 0}
@@ -327,7 +327,7 @@ class TopicExecutor:
 
     def _run(self, slot: int, jobs: list[tuple[TimeoutJob, int]]) -> list[Fired]:
         try:
-            errors = self._fire(self.spec, [job for job, _ in jobs], self._session)
+            errors = self._fire(self.spec, [job for job, _ in jobs], self._pool_http)
         except Exception as exc:  # noqa: BLE001 - a failed call fails its jobs, retried
             error = f"{exc.__class__.__name__}: {exc}"[:500]
             errors = {job.pk: error for job, _ in jobs}
@@ -420,8 +420,8 @@ class TopicExecutor:
             self._fired.put(None)
             if drained:
                 self._settler.join(timeout=5)
-        if self._session is not None:
-            self._session.close()
+        if self._pool_http is not None:
+            self._pool_http.close()
 
 
 def _chunks(jobs: list, size: int = BATCH_JOBS) -> list[list]:

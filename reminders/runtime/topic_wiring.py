@@ -134,7 +134,10 @@ class ClaimBudget:
         return granted
 
     def held_back(self, topic: Topic, due_left: int) -> None:
-        rates.held_back(topic.name, min(due_left, self._rate_cut.get(topic.name, 0)))
+        rates.held_back(topic.name, min(due_left, self.rate_cut(topic)))
+
+    def rate_cut(self, topic: Topic) -> int:
+        return self._rate_cut.get(topic.name, 0)
 
     def give_back(self, topic: Topic, unused: int) -> None:
         spec = self.generic.spec(topic.name)

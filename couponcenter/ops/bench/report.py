@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from reminders.bench.fanout import OF_BULLMQ_TARGET, OF_WRK_TARGET
+
 
 @dataclass
 class Figure:
@@ -227,6 +229,7 @@ def figures(result: dict[str, Any]) -> list[Figure]:
             )
         )
     rows += _days_figures(result.get("days", {}))
+    rows += _fanout_figures(result.get("fanout", {}))
     p = result.get("peers", {})
     if p and r:
         ours = round(r["count"] / r["end_to_end_s"]) if r.get("end_to_end_s") else None
@@ -305,6 +308,49 @@ def _days_figures(days: dict[str, Any]) -> list[Figure]:
     return rows
 
 
+def _fanout_figures(f: dict[str, Any]) -> list[Figure]:
+    if not f.get("ours_per_s"):
+        return []
+    n, c = f"{f['fanout_count']:,}", f["fanout_concurrency"]
+    of_wrk, of_bullmq = f.get("fanout_of_wrk"), f.get("fanout_of_bullmq")
+    rows = [
+        Figure(
+            f"fan-out: {n} webhooks to nginx (204), {c} connections",
+            f["ours_per_s"],
+            "/s",
+            "wrk on the same nginx and connections",
+            f.get("wrk_per_s"),
+            of_wrk,
+            f">= {OF_WRK_TARGET:.2f} of wrk",
+            of_wrk is not None and of_wrk >= OF_WRK_TARGET,
+        )
+    ]
+    if f.get("bullmq_per_s"):
+        rows.append(
+            Figure(
+                f"fan-out: a BullMQ worker (fetch) posting the same {n} webhooks",
+                f["bullmq_per_s"],
+                "/s",
+                "ours",
+                f["ours_per_s"],
+                of_bullmq,
+                f"ours > {OF_BULLMQ_TARGET:.1f}x BullMQ",
+                of_bullmq is not None and of_bullmq > OF_BULLMQ_TARGET,
+            )
+        )
+    rows.append(
+        Figure(
+            "fan-out: worker CPU seconds per 1,000 webhooks, ours",
+            f.get("ours_cpu_s_per_1k"),
+            "s",
+            "BullMQ's",
+            f.get("bullmq_cpu_s_per_1k"),
+            _ratio(f.get("ours_cpu_s_per_1k"), f.get("bullmq_cpu_s_per_1k")),
+        )
+    )
+    return rows
+
+
 def _rush_runs(rush: dict[str, Any]) -> tuple[dict, dict] | tuple[()]:
     """The rush of mostly refusals (the smallest stock) and of mostly winners (the largest)."""
     runs = sorted(rush.get("runs", []), key=lambda run: run["stock"])
@@ -372,6 +418,8 @@ RATIO_TARGETS = {
     "timeouts_http_of_raw_receiver": 0.5,
     "rush_answers_of_raw_http": 0.7,
     "rush_winners_of_raw_http": 0.5,
+    "fanout_of_wrk": OF_WRK_TARGET,
+    "fanout_of_bullmq": OF_BULLMQ_TARGET,  # ahead of it: strictly above
 }
 # bench_days (issue 28): every rate on the last day at least this share of the first day's; the
 # tables' size on the last day at most this multiple of the first day at full retention.
@@ -404,6 +452,8 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
     days = result.get("days", {})
     out["day_last_of_first"] = days.get("day_last_of_first")
     out["table_bytes_last_of_steady"] = days.get("table_bytes_last_of_steady")
+    out["fanout_of_wrk"] = result.get("fanout", {}).get("fanout_of_wrk")
+    out["fanout_of_bullmq"] = result.get("fanout", {}).get("fanout_of_bullmq")
     return out
 
 
@@ -423,6 +473,8 @@ def at_a_glance(result: dict[str, Any]) -> dict[str, Any]:
         "fast_topic_p99_ms_beside_slow_topic": t.get("isolation_lateness_p99_ms"),
         "rush_p99_ms": max((run["p99_ms"] for run in rush), default=None),
         "rush_exact": all(run["exact"] for run in rush) if rush else None,
+        "fanout_cpu_s_per_1k": result.get("fanout", {}).get("fanout_cpu_s_per_1k"),
+        "fanout_bullmq_cpu_s_per_1k": result.get("fanout", {}).get("fanout_bullmq_cpu_s_per_1k"),
     }
 
 

@@ -16,6 +16,9 @@ Each part measures our figure beside the raw limit of the same work in the same 
   receiver, a fast topic's p99 while a slow one is saturated, bulk create and cancel by key;
 - days of a campaign calendar (``bench_days`` in a shorter form): each hot path's rate on the
   last day over the first, and the tables' size on the last day over the first at full retention;
+- webhook fan-out against nginx answering 204: our worker's rate / wrk's on the same nginx and
+  connections, beside a BullMQ worker (Node, ``fetch``) posting the same webhooks, and each
+  worker's CPU seconds per thousand webhooks;
 - the peers (BullMQ, Celery ETA) on the same Redis and workload, when asked for.
 
 It writes one JSON file and one Markdown table under ``var/bench/`` and returns the JSON.
@@ -48,15 +51,27 @@ from expiry import services as expiry_services
 from expiry.bench import sweep as bench_expiry
 from reminders.bench import backlog as bench_backlog
 from reminders.bench import end_to_end as bench_reminders
+from reminders.bench import fanout as bench_fanout
 from reminders.bench import peers as bench_peers
 from reminders.bench import timeouts as bench_timeouts
 from reminders.bench.raw_inbox import bench_raw_inbox
 from reminders.selectors import reminder_settings_get
 
 STEADY_RATE = 5000
-PARTS = ("expiry", "timeouts", "raw_inbox", "reminders", "days", "claims", "rush", "backlog")
 # bench_days's shorter form: D = 3 x the retention, as the target asks, in a few minutes.
 DAYS = bench_days.Shape(days=6, retention_days=2, claims=50_000, reminders=20_000, timeouts=5_000)
+PARTS = (
+    "expiry",
+    "timeouts",
+    "fanout",
+    "raw_inbox",
+    "reminders",
+    "days",
+    "claims",
+    "rush",
+    "backlog",
+)
+FANOUT_COUNT = 20_000  # webhooks per sender in the fan-out part
 RUSH_REFUSALS_STOCK = 1_000  # the rush of mostly refusals; the other has a unit for every user
 
 
@@ -90,6 +105,14 @@ def _rush(users: int, *, progress: Progress | None, say: Callable[[str], None]) 
         return {"skipped": "wrk is not installed (apt-get install wrk; make bench does)"}
     say(f"the rush: {users:,} users, stock {stocks[0]:,} then {stocks[1]:,}, beside /healthz/live/")
     return bench_rush.run(users=users, stocks=stocks, progress=progress, say=say)
+
+
+def _fanout(*, bullmq: bool, progress: Progress | None, say: Callable[[str], None]) -> dict:
+    missing = bench_fanout.missing_tools()
+    if missing:
+        return {"skipped": f"{' and '.join(missing)} not installed (make bench installs them)"}
+    say(f"fan-out: {FANOUT_COUNT:,} webhooks to nginx (204), beside wrk and BullMQ")
+    return bench_fanout.run(count=FANOUT_COUNT, bullmq=bullmq, progress=progress, say=say)
 
 
 def run(
@@ -128,6 +151,8 @@ def run(
     if "timeouts" in parts:
         say(f"timeouts: a {count:,} http burst beside a plain client, isolation, bulk, cancel")
         result["timeouts"] = bench_timeouts.run(count=count, progress=progress)
+    if "fanout" in parts:
+        result["fanout"] = _fanout(bullmq=peers, progress=progress, say=say)
     if "raw_inbox" in parts:
         say("raw limit: the bare SQL inbox-write loop")
         result["raw_inbox"] = bench_raw_inbox(

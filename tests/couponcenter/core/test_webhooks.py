@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -16,6 +20,7 @@ import pytest
 import requests
 
 from couponcenter.core.webhooks import (
+    OutboundPool,
     address_refused,
     legacy_sign,
     post_signed,
@@ -252,3 +257,89 @@ def test_an_open_and_a_closed_private_port_are_refused_alike_and_never_connected
     finally:
         listening.close()
         closed.close()
+
+
+class KeepAliveServer:
+    """HTTP/1.1 with keep-alive, answering 204; records each call's client port. With
+    ``close_after``, it closes the connection after answering without saying so (a receiver
+    whose idle timeout ran out), and ``closed`` counts the connections it closed."""
+
+    def __init__(self, *, close_after: bool = False) -> None:
+        self.ports: list[int] = []
+        self.closed = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                server.ports.append(self.client_address[1])
+                self.send_response(204)
+                self.end_headers()
+                self.close_connection = close_after
+
+            def log_message(self, *args) -> None:
+                pass
+
+        class Closing(ThreadingHTTPServer):
+            def shutdown_request(self, request) -> None:
+                super().shutdown_request(request)
+                server.closed += 1
+
+        self.httpd = Closing(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}/hook"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_a_pool_reuses_one_connection_call_after_call(settings):
+    settings.WEBHOOK_ALLOW_PRIVATE = True
+    server = KeepAliveServer()
+    try:
+        with OutboundPool(pool_size=2) as pool:
+            for n in range(5):
+                post_signed(server.url, b"{}", secrets=[SECRET], idempotency_key=f"k{n}", pool=pool)
+        assert len(server.ports) == 5 and len(set(server.ports)) == 1
+    finally:
+        server.httpd.shutdown()
+
+
+def test_a_connection_the_receiver_closed_while_idle_is_not_reused(settings):
+    settings.WEBHOOK_ALLOW_PRIVATE = True
+    server = KeepAliveServer(close_after=True)
+    try:
+        with OutboundPool(pool_size=2) as pool:
+            for n in range(3):
+                post_signed(server.url, b"{}", secrets=[SECRET], idempotency_key=f"k{n}", pool=pool)
+                deadline = time.monotonic() + 10
+                while server.closed <= n and time.monotonic() < deadline:
+                    time.sleep(0.01)  # until the receiver has closed it: the pool's check sees it
+        assert len(server.ports) == 3 and len(set(server.ports)) == 3  # a new one each time
+    finally:
+        server.httpd.shutdown()
+
+
+@pytest.fixture
+def self_signed_https(tmp_path) -> Iterator[str]:
+    """An HTTPS receiver on 127.0.0.1 whose certificate no CA signed."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+         "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+         "-out", str(cert)], check=True, capture_output=True,
+    )  # fmt: skip
+    target = Server()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    target.httpd.socket = context.wrap_socket(target.httpd.socket, server_side=True)
+    yield f"https://127.0.0.1:{target.httpd.server_port}/hook"
+    target.httpd.shutdown()
+
+
+def test_tls_is_verified_a_self_signed_receiver_gets_nothing(settings, self_signed_https):
+    settings.WEBHOOK_ALLOW_PRIVATE = True
+    with pytest.raises(requests.RequestException, match="SSLCertVerificationError"):
+        post_signed(self_signed_https, b"{}", secrets=[SECRET], idempotency_key="k1")

@@ -24,6 +24,10 @@ RUN = {
                  "burst_ratio_to_raw": 0.8, "isolation_steady_rate": 200,
                  "isolation_lateness_p99_ms": 45.0, "isolation_lateness_p999_ms": 60.0,
                  "bulk_create_jobs_per_s": 50_000, "cancel_by_key_per_s": 300},
+    "fanout": {"fanout_count": 20_000, "fanout_concurrency": 16, "wrk_per_s": 40_000,
+               "ours_per_s": 8_000, "bullmq_per_s": 5_000, "fanout_of_wrk": 0.2,
+               "fanout_of_bullmq": 1.6, "ours_cpu_s_per_1k": 0.25, "bullmq_cpu_s_per_1k": 0.4,
+               "fanout_cpu_s_per_1k": 0.25, "fanout_bullmq_cpu_s_per_1k": 0.4},
     "rush": {"users": 20_000, "runs": [
         {"stock": 20_000, "answers_per_s": 900.0, "healthz_per_s": 3000.0,
          "answers_of_healthz": 0.3, "p99_ms": 120.0, "p999_ms": 300.0, "all_answered_s": 23.2,
@@ -46,6 +50,8 @@ def test_every_performance_target_reads_as_a_ratio_of_the_run():
         "timeouts_http_of_raw_receiver": 0.8,
         "rush_answers_of_raw_http": 0.8,  # the smallest stock: mostly refusals
         "rush_winners_of_raw_http": 0.3,  # the largest: a unit for every user
+        "fanout_of_wrk": 0.2,
+        "fanout_of_bullmq": 1.6,
         "day_last_of_first": None,  # bench_days did not run
         "table_bytes_last_of_steady": None,
     }
@@ -64,6 +70,21 @@ def test_the_absolute_targets_sit_beside_the_ratios():
     assert glance["timeouts_bulk_create_per_s"] == 50_000
     assert glance["fast_topic_p99_ms_beside_slow_topic"] == 45.0
     assert (glance["rush_p99_ms"], glance["rush_exact"]) == (280.0, True)  # the worse rush
+    assert (glance["fanout_cpu_s_per_1k"], glance["fanout_bullmq_cpu_s_per_1k"]) == (0.25, 0.4)
+
+
+def test_the_fan_out_rows_judge_ours_against_wrk_and_bullmq():
+    rows = {row.name: row for row in report.figures(RUN)}
+    wrk = rows["fan-out: 20,000 webhooks to nginx (204), 16 connections"]
+    assert (wrk.value, wrk.raw_value, wrk.ratio, wrk.met) == (8_000, 40_000, 0.2, True)
+    bullmq = rows["fan-out: a BullMQ worker (fetch) posting the same 20,000 webhooks"]
+    assert (bullmq.value, bullmq.raw_value, bullmq.ratio, bullmq.met) == (5_000, 8_000, 1.6, True)
+    cpu = rows["fan-out: worker CPU seconds per 1,000 webhooks, ours"]
+    assert (cpu.value, cpu.raw_value, cpu.ratio) == (0.25, 0.4, 0.625)
+    behind = {**RUN, "fanout": {**RUN["fanout"], "fanout_of_wrk": 0.1, "fanout_of_bullmq": 1.0}}
+    rows = {row.name: row for row in report.figures(behind)}
+    assert rows["fan-out: 20,000 webhooks to nginx (204), 16 connections"].met is False
+    assert rows["fan-out: a BullMQ worker (fetch) posting the same 20,000 webhooks"].met is False
 
 
 def test_a_part_that_did_not_run_has_no_ratio():

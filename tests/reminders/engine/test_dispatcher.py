@@ -331,3 +331,42 @@ def test_a_poison_pill_dies_alone_and_its_batch_mates_are_delivered(redis_client
     assert sorted(delivered) == sorted(j for j in jobs if j != "j2")
     assert [d.job_id for d in queue.list_dead(T, 0, client=redis_client)] == ["j2"]
     assert totals(redis_client, 1) == {"store": 0, "prepare": 0, "dead": 1}
+
+
+class HalfBudget:
+    """Grants half of each claim; ``rated`` says whether the cut is a rate limit's (worth
+    counting as held back) or, like an executor's room, not."""
+
+    def __init__(self, *, rated: bool):
+        self.rated, self.noted, self.last_cut = rated, [], 0
+
+    def take(self, topic, want):
+        self.last_cut = want - want // 2
+        return want // 2
+
+    def give_back(self, topic, unused):
+        pass
+
+    def held_back(self, topic, due_left):
+        self.noted.append(due_left)
+
+    def rate_cut(self, topic):
+        return self.last_cut if self.rated else 0
+
+
+@pytest.mark.parametrize("rated", [True, False])
+def test_only_a_rate_limits_cut_counts_the_jobs_it_held_back(redis_client, rated, monkeypatch):
+    """A claim cut short that came back full counts the due entries left behind (one more round
+    trip) only when the cut was the rate limit's: a cut for want of room counts nothing."""
+    load(redis_client, 10, slots=1)
+    counts = []
+    real = queue.due_count
+    monkeypatch.setattr(queue, "due_count", lambda *a, **kw: counts.append(a) or real(*a, **kw))
+    budget = HalfBudget(rated=rated)
+    topic = Topic(T, Recorder(), slots=1, batch_size=4)
+    report = Dispatcher([topic], client=redis_client, hooks=Hooks(budget=budget)).run_once()
+    assert report.claimed >= 2  # claims of 2 (half of 4), each one full
+    if rated:
+        assert counts and budget.noted[0] == 2  # 8 still due, at most the 2 the cut refused
+    else:
+        assert counts == [] and budget.noted == []

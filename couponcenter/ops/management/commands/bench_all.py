@@ -13,8 +13,9 @@ class Command(BaseCommand):
     help = (
         "Run the whole benchmark suite (reminders burst with and without pre-staging, steady "
         "5,000/s, the bare inbox-write loop, expiry, days of a campaign calendar, claims over "
-        "HTTP, the rush of claims at a coupon's opening, and the peers BullMQ and Celery ETA) and "
-        "write one JSON file and one Markdown table under var/bench/."
+        "HTTP, the rush of claims at a coupon's opening, the timeout center, webhook fan-out "
+        "against nginx beside wrk, and the peers BullMQ and Celery ETA) and write one JSON file "
+        "and one Markdown table under var/bench/."
     )
 
     def add_arguments(self, parser):

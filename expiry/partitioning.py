@@ -131,7 +131,9 @@ def _names(table: str) -> dict[str, str]:
         "processed": f"{table}_processed",
         "seq": f"{table}_id_seq",
         "new_seq": f"{table}_new_id_seq",
-        "due": "expirytask_pending_due" if table == TABLE else f"{table}_pending_due",
+        # The sweeper's due index keeps its name (the model's) on the pending leaf.
+        "due": "expirytask_pending_due" if table == TABLE else f"{table}_due",
+        "new_due": f"{table}_new_due",
     }
 
 
@@ -162,7 +164,7 @@ def _build(n: dict[str, str], user_coupon_table: str) -> None:
             f"ALTER TABLE {leaf} ADD CONSTRAINT {_q(n['pending'] + '_user_coupon_id_key')} "
             "UNIQUE (user_coupon_id)"
         )
-        c.execute(f"CREATE INDEX {_q(n['pending'] + '_due')} ON {leaf} (expire_at, id)")
+        c.execute(f"CREATE INDEX {_q(n['new_due'])} ON {leaf} (expire_at, id)")
         c.execute(
             f"CREATE TABLE {_q(n['processed'])} PARTITION OF {_q(n['new'])} "
             f"FOR VALUES IN ('{processed}') PARTITION BY RANGE (updated_at)"
@@ -209,7 +211,7 @@ def _swap(n: dict[str, str]) -> dict:
                 c.execute("SELECT to_regclass(%s) IS NOT NULL", [n["due"]])
                 if c.fetchone()[0]:
                     c.execute(f"ALTER INDEX {_q(n['due'])} RENAME TO {_q(n['legacy'] + '_due')}")
-                c.execute(f"ALTER INDEX {_q(n['pending'] + '_due')} RENAME TO {_q(n['due'])}")
+                c.execute(f"ALTER INDEX {_q(n['new_due'])} RENAME TO {_q(n['due'])}")
                 # Tasks processed from now on land in today's partition from the cutover; before
                 # it lies the old table, attached once it holds only what fits there (an empty
                 # one is dropped, and today's partition starts at midnight).

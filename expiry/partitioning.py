@@ -41,6 +41,7 @@ from couponcenter.core.db.partitions import (
     DAY,
     Partitioned,
     day_of,
+    maintenance_turn,
     partition_name,
     partitioned,
     partitions_drop_expired,
@@ -78,18 +79,13 @@ def expiry_partitions_maintain(*, now: datetime, retention: timedelta | None = N
     the migration, or while another process holds the maintenance lock. Returns what it did."""
     if not partitioned_tasks():
         return {}
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", MAINTAIN_LOCK)
-        if not cursor.fetchone()[0]:
+    with maintenance_turn(MAINTAIN_LOCK) as mine:
+        if not mine:
             return {}
-    try:
         if retention is None:
             retention = expiry_settings_get(max_age_s=0).retention
         created = partitions_ensure(PROCESSED, now=now)
         report = partitions_drop_expired(PROCESSED, retention=retention, now=now)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", MAINTAIN_LOCK)
     return {
         "created": created,
         "dropped": report.dropped,
@@ -164,7 +160,11 @@ def _build(n: dict[str, str], user_coupon_table: str) -> None:
             f"ALTER TABLE {leaf} ADD CONSTRAINT {_q(n['pending'] + '_user_coupon_id_key')} "
             "UNIQUE (user_coupon_id)"
         )
-        c.execute(f"CREATE INDEX {_q(n['new_due'])} ON {leaf} (expire_at, id)")
+        # Partial although every row of the leaf is pending: the sweeper's text names the
+        # status, and the index says what it serves wherever it is read (docs/expiry.md).
+        c.execute(
+            f"CREATE INDEX {_q(n['new_due'])} ON {leaf} (expire_at, id) WHERE status = '{pending}'"
+        )
         c.execute(
             f"CREATE TABLE {_q(n['processed'])} PARTITION OF {_q(n['new'])} "
             f"FOR VALUES IN ('{processed}') PARTITION BY RANGE (updated_at)"

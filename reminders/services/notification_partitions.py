@@ -29,6 +29,7 @@ from django.db import DatabaseError, connection, transaction
 from couponcenter.core.db.partitions import (
     Partitioned,
     day_of,
+    maintenance_turn,
     partitioned,
     partitions_drop_expired,
     partitions_ensure,
@@ -64,11 +65,9 @@ def notification_partitions_maintain(
     SQLite, before the migration, or while another process maintains. Returns what it did."""
     if not notifications_partitioned():
         return {}
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", MAINTAIN_LOCK)
-        if not cursor.fetchone()[0]:
+    with maintenance_turn(MAINTAIN_LOCK) as mine:
+        if not mine:
             return {}
-    try:
         created = partitions_ensure(NOTIFICATIONS, now=now)
         dropped, busy, rows = [], [], 0
         for retention, keep in _passes(read_retention, unread_retention):
@@ -77,9 +76,6 @@ def notification_partitions_maintain(
             dropped += report.dropped
             busy += report.busy
             rows += report.rows
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", MAINTAIN_LOCK)
     return {"created": created, "dropped": dropped, "busy": busy, "rows": rows}
 
 

@@ -33,10 +33,13 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
 
 from django.db import DatabaseError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +87,21 @@ def partitioned(table: str) -> bool:
         cursor.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)", [table])
         row = cursor.fetchone()
     return bool(row and row[0])
+
+
+@contextmanager
+def maintenance_turn(key: tuple[int, int]) -> Iterator[bool]:
+    """Whether this process maintains now: a session advisory lock on ``key`` for the duration,
+    so one process of the fleet runs a table's maintenance at a time (False: another has it)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
+        mine = bool(cursor.fetchone()[0])
+    try:
+        yield mine
+    finally:
+        if mine:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)
 
 
 def partition_name(table: str, day: datetime) -> str:
@@ -228,18 +246,33 @@ def _set_lock_timeout(cursor) -> None:
     cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{DDL_LOCK_TIMEOUT_MS}ms"])
 
 
-def _ddl(sql: str, params: list | None = None) -> bool:
-    """One DDL statement in its own transaction under the DDL lock timeout; False when busy."""
+class _Busy(Exception):
+    """A lock did not come within ``DDL_LOCK_TIMEOUT_MS``; the transaction rolled back."""
+
+
+@contextmanager
+def _ddl_transaction(what: str) -> Iterator[CursorWrapper]:
+    """A transaction whose statements wait at most ``DDL_LOCK_TIMEOUT_MS`` for a lock; raises
+    ``_Busy`` when one did not come."""
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             _set_lock_timeout(cursor)
+            yield cursor
+    except DatabaseError as error:
+        if _pgcode(error) not in _BUSY:
+            raise
+        logger.info("partitions: %s busy, next pass", what)
+        raise _Busy(what) from error
+
+
+def _ddl(sql: str, params: list | None = None) -> bool:
+    """One DDL statement in its own transaction under the DDL lock timeout; False when busy."""
+    try:
+        with _ddl_transaction(sql.split("(")[0]) as cursor:
             cursor.execute(sql, params)
         return True
-    except DatabaseError as error:
-        if _pgcode(error) in _BUSY:
-            logger.info("partitions: %s busy, next pass", sql.split("(")[0])
-            return False
-        raise
+    except _Busy:
+        return False
 
 
 def _create(
@@ -251,8 +284,7 @@ def _create(
     table, column = _q(spec.table), _q(spec.column)
     new, bound = _q(name), _q(f"{name}_bound")
     try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            _set_lock_timeout(cursor)
+        with _ddl_transaction(f"creating {name}") as cursor:
             cursor.execute(
                 f"CREATE TABLE {new} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
                 "INCLUDING STORAGE INCLUDING COMMENTS)"
@@ -280,29 +312,23 @@ def _create(
             cursor.execute(f"ALTER TABLE {new} DROP CONSTRAINT {bound}")
         logger.info("partitions: created %s [%s, %s)", name, lo.isoformat(), hi.isoformat())
         return True
-    except DatabaseError as error:
-        if _pgcode(error) in _BUSY:
-            logger.info("partitions: creating %s busy, next pass", name)
-            return False
-        raise
+    except _Busy:
+        return False
 
 
 def _drop(spec: Partitioned, name: str) -> str:
     """Detach and drop partition ``name`` unless, once it is locked, it holds a ``keep`` row:
     ``dropped``, ``kept`` or ``busy``."""
     try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            _set_lock_timeout(cursor)
+        with _ddl_transaction(f"dropping {name}") as cursor:
             cursor.execute(f"ALTER TABLE {_q(spec.table)} DETACH PARTITION {_q(name)}")
             if spec.keep and _holds(name, spec.keep, cursor=cursor):
                 transaction.set_rollback(True)
                 return "kept"
             cursor.execute(f"DROP TABLE {_q(name)}")
         return "dropped"
-    except DatabaseError as error:
-        if _pgcode(error) in _BUSY:
-            return "busy"
-        raise
+    except _Busy:
+        return "busy"
 
 
 def _count(name: str) -> int:
@@ -319,14 +345,16 @@ def _delete_old_from_default(spec: Partitioned, default: str, cutoff: datetime) 
     keep = f"AND NOT ({spec.keep})" if spec.keep else ""
     deleted = 0
     while True:
-        with transaction.atomic(), connection.cursor() as cursor:
-            _set_lock_timeout(cursor)
-            cursor.execute(
-                f"DELETE FROM {_q(default)} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {_q(default)} "
-                f"WHERE {_q(spec.column)} < %s {keep} LIMIT %s))",
-                [cutoff, DEFAULT_DELETE_BATCH],
-            )
-            count = cursor.rowcount
+        try:
+            with _ddl_transaction(f"deleting from {default}") as cursor:
+                cursor.execute(
+                    f"DELETE FROM {_q(default)} WHERE ctid = ANY(ARRAY(SELECT ctid "
+                    f"FROM {_q(default)} WHERE {_q(spec.column)} < %s {keep} LIMIT %s))",
+                    [cutoff, DEFAULT_DELETE_BATCH],
+                )
+                count = cursor.rowcount
+        except _Busy:
+            return deleted
         deleted += count
         if count < DEFAULT_DELETE_BATCH:
             return deleted

@@ -196,7 +196,7 @@ def _sweep_batch_postgres(
         if getattr(exc.__cause__, "pgcode", None) not in _CAREFUL_AFTER:
             raise
         logger.info(
-            "expiry: a row lock held a batch up; taking it the careful way (%s)",
+            "expiry: a held row or a moved task stopped a batch; taking it the careful way (%s)",
             str(exc).strip().splitlines()[0],
         )
         row = _careful(batch)

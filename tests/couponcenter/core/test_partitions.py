@@ -12,6 +12,7 @@ from django.db import connection
 
 from couponcenter.core.db.partitions import (
     Partitioned,
+    _drop,
     partitioned,
     partitions_drop_expired,
     partitions_ensure,
@@ -273,3 +274,15 @@ def test_the_report_counts_the_rows_of_dropped_partitions(parts):
     )
 
     assert report.rows == 3
+
+
+def test_a_keep_row_found_once_the_partition_is_locked_keeps_it(parts):
+    # The drop itself (after the unlocked look found nothing): a row that came to match ``keep``
+    # just before the lock is seen in the detached table, and the detach rolls back.
+    partitions_ensure(parts, now=NOV27)
+    insert(NOV27 + timedelta(hours=1), "pending")
+
+    assert _drop(parts, f"{TABLE}_p20261127") == "kept"
+
+    assert f"{TABLE}_p20261127" in partitions_list(TABLE)
+    assert where(NOV27 + timedelta(hours=1)) == f"{TABLE}_p20261127"

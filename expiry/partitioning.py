@@ -35,13 +35,14 @@ import sys
 import time
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 
 from couponcenter.core.db.partitions import (
     DAY,
     Partitioned,
     day_of,
     maintenance_turn,
+    migration_step,
     partition_name,
     partitioned,
     partitions_drop_expired,
@@ -60,9 +61,6 @@ PENDING_LEAF = f"{TABLE}_pending"
 PROCESSED = Partitioned(table=f"{TABLE}_processed", column="updated_at", ahead=timedelta(days=2))
 # The migration moves the old table's tasks in batches of this many rows, one transaction each.
 MOVE_BATCH = 20_000
-# The swap of names waits this long for the table's lock, and is tried this many times.
-SWAP_LOCK_TIMEOUT_MS = 2000
-SWAP_ATTEMPTS = 30
 # Session advisory lock: one process of the fleet maintains the partitions at a time.
 MAINTAIN_LOCK = (0x5E1A, 0x7A57)
 
@@ -178,56 +176,50 @@ def _build(n: dict[str, str], user_coupon_table: str) -> None:
             f"CREATE TABLE {_q(n['processed'] + '_default')} PARTITION OF {_q(n['processed'])} "
             "DEFAULT"
         )
-    # Separately: it waits for the claims writing user coupons, and must not hold the rest.
-    with transaction.atomic(), connection.cursor() as c:
-        c.execute(
+    # Separately, and never waiting long: it takes the user-coupon table's SHARE ROW EXCLUSIVE
+    # lock, which the claims writing user coupons would queue behind.
+    migration_step(
+        lambda c: c.execute(
             f"ALTER TABLE {leaf} ADD CONSTRAINT {_q(n['pending'] + '_user_coupon_id_fk')} "
             f"FOREIGN KEY (user_coupon_id) REFERENCES {_q(user_coupon_table)} (id) "
             "DEFERRABLE INITIALLY DEFERRED"
-        )
+        ),
+        what="expiry tasks: foreign key",
+    )
 
 
 def _swap(n: dict[str, str]) -> dict:
     """Rename the old table away and the new one in, under the old table's exclusive lock, held
-    for a few catalog updates. A lock that does not come within ``SWAP_LOCK_TIMEOUT_MS`` (a long
-    query on the table) is let go and tried again, so writers never queue behind it for long."""
-    for attempt in range(1, SWAP_ATTEMPTS + 1):
-        try:
-            with transaction.atomic(), connection.cursor() as c:
-                c.execute(
-                    "SELECT set_config('lock_timeout', %s, true)", [f"{SWAP_LOCK_TIMEOUT_MS}ms"]
-                )
-                c.execute(f"LOCK TABLE {_q(n['table'])} IN ACCESS EXCLUSIVE MODE")
-                started = time.perf_counter()
-                c.execute(f"SELECT max(id), clock_timestamp() FROM {_q(n['table'])}")
-                max_id, cutover = c.fetchone()
-                c.execute(f"ALTER TABLE {_q(n['table'])} RENAME TO {_q(n['legacy'])}")
-                c.execute(f"ALTER TABLE {_q(n['new'])} RENAME TO {_q(n['table'])}")
-                c.execute(f"ALTER TABLE {_q(n['legacy'])} ALTER COLUMN id DROP IDENTITY IF EXISTS")
-                c.execute(f"ALTER SEQUENCE {_q(n['new_seq'])} RENAME TO {_q(n['seq'])}")
-                c.execute(
-                    "SELECT setval(%s::regclass, %s, %s)", [n["seq"], max_id or 1, bool(max_id)]
-                )
-                c.execute("SELECT to_regclass(%s) IS NOT NULL", [n["due"]])
-                if c.fetchone()[0]:
-                    c.execute(f"ALTER INDEX {_q(n['due'])} RENAME TO {_q(n['legacy'] + '_due')}")
-                c.execute(f"ALTER INDEX {_q(n['new_due'])} RENAME TO {_q(n['due'])}")
-                # Tasks processed from now on land in today's partition from the cutover; before
-                # it lies the old table, attached once it holds only what fits there (an empty
-                # one is dropped, and today's partition starts at midnight).
-                c.execute(
-                    f"CREATE TABLE {_q(partition_name(n['processed'], day_of(cutover)))} "
-                    f"PARTITION OF {_q(n['processed'])} FOR VALUES FROM (%s) TO (%s)",
-                    [day_of(cutover) if max_id is None else cutover, day_of(cutover) + DAY],
-                )
-                seconds = time.perf_counter() - started
-            logger.info("expiry tasks: layout swapped in %.3f s (attempt %d)", seconds, attempt)
-            return {"cutover": cutover, "seconds": seconds, "empty": max_id is None}
-        except DatabaseError as error:
-            if getattr(error.__cause__, "pgcode", None) != "55P03" or attempt == SWAP_ATTEMPTS:
-                raise
-            logger.info("expiry tasks: swap lock busy, attempt %d", attempt)
-    raise AssertionError("unreachable")
+    for a few catalog updates (``migration_step``: never waited for long)."""
+
+    def swap(c) -> dict:
+        c.execute(f"LOCK TABLE {_q(n['table'])} IN ACCESS EXCLUSIVE MODE")
+        started = time.perf_counter()
+        c.execute(f"SELECT max(id), clock_timestamp() FROM {_q(n['table'])}")
+        max_id, cutover = c.fetchone()
+        c.execute(f"ALTER TABLE {_q(n['table'])} RENAME TO {_q(n['legacy'])}")
+        c.execute(f"ALTER TABLE {_q(n['new'])} RENAME TO {_q(n['table'])}")
+        c.execute(f"ALTER TABLE {_q(n['legacy'])} ALTER COLUMN id DROP IDENTITY IF EXISTS")
+        c.execute(f"ALTER SEQUENCE {_q(n['new_seq'])} RENAME TO {_q(n['seq'])}")
+        c.execute("SELECT setval(%s::regclass, %s, %s)", [n["seq"], max_id or 1, bool(max_id)])
+        c.execute("SELECT to_regclass(%s) IS NOT NULL", [n["due"]])
+        if c.fetchone()[0]:
+            c.execute(f"ALTER INDEX {_q(n['due'])} RENAME TO {_q(n['legacy'] + '_due')}")
+        c.execute(f"ALTER INDEX {_q(n['new_due'])} RENAME TO {_q(n['due'])}")
+        # Tasks processed from now on land in today's partition from the cutover; before it
+        # lies the old table, attached once it holds only what fits there (an empty one is
+        # dropped, and today's partition starts at midnight).
+        c.execute(
+            f"CREATE TABLE {_q(partition_name(n['processed'], day_of(cutover)))} "
+            f"PARTITION OF {_q(n['processed'])} FOR VALUES FROM (%s) TO (%s)",
+            [day_of(cutover) if max_id is None else cutover, day_of(cutover) + DAY],
+        )
+        seconds = time.perf_counter() - started
+        return {"cutover": cutover, "seconds": seconds, "empty": max_id is None}
+
+    result = migration_step(swap, what="expiry tasks: swap")
+    logger.info("expiry tasks: layout swapped in %.3f s", result["seconds"])
+    return result
 
 
 def _move(n: dict[str, str], cutover: datetime, out) -> int:
@@ -298,11 +290,12 @@ def _attach_legacy(n: dict[str, str], cutover: datetime) -> float:
             else:
                 c.execute(f"DROP INDEX {_q(index)}")
         started = time.perf_counter()
-        with transaction.atomic():
-            c.execute("SELECT set_config('lock_timeout', %s, true)", [f"{SWAP_LOCK_TIMEOUT_MS}ms"])
-            c.execute(
-                f"ALTER TABLE {_q(processed)} ATTACH PARTITION {_q(legacy)} "
-                "FOR VALUES FROM (MINVALUE) TO (%s)",
-                [cutover],
-            )
-        return time.perf_counter() - started
+    migration_step(
+        lambda c: c.execute(
+            f"ALTER TABLE {_q(processed)} ATTACH PARTITION {_q(legacy)} "
+            "FOR VALUES FROM (MINVALUE) TO (%s)",
+            [cutover],
+        ),
+        what="expiry tasks: attach",
+    )
+    return time.perf_counter() - started

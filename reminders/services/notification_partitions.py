@@ -24,12 +24,13 @@ import logging
 import time
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 
 from couponcenter.core.db.partitions import (
     Partitioned,
     day_of,
     maintenance_turn,
+    migration_step,
     partitioned,
     partitions_drop_expired,
     partitions_ensure,
@@ -44,8 +45,6 @@ NOTIFICATIONS = Partitioned(table=TABLE, column="visible_at", ahead=timedelta(da
 # The first partition (the old table) covers up to this far past the migration's day, so that
 # what the inbox writes while the migration runs (before the swap) fits under its CHECK.
 CUTOVER_AHEAD = timedelta(days=2)
-SWAP_LOCK_TIMEOUT_MS = 2000
-SWAP_ATTEMPTS = 30
 # Session advisory lock: one process of the fleet maintains the partitions at a time.
 MAINTAIN_LOCK = (0x5E1A, 0x1B0C)
 UNREAD = "read_at IS NULL"
@@ -130,23 +129,6 @@ def _q(name: str) -> str:
     return connection.ops.quote_name(name)
 
 
-def _with_lock_retry(step, what: str):
-    """Run ``step(cursor)`` in a transaction that waits at most ``SWAP_LOCK_TIMEOUT_MS`` for its
-    locks, again and again while the table is busy, so writers never queue behind it for long."""
-    for attempt in range(1, SWAP_ATTEMPTS + 1):
-        try:
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT set_config('lock_timeout', %s, true)", [f"{SWAP_LOCK_TIMEOUT_MS}ms"]
-                )
-                return step(cursor)
-        except DatabaseError as error:
-            if getattr(error.__cause__, "pgcode", None) != "55P03" or attempt == SWAP_ATTEMPTS:
-                raise
-            logger.info("notifications: %s: lock busy, attempt %d", what, attempt)
-    raise AssertionError("unreachable")
-
-
 def _prepare_old(n: dict[str, str], cutover: datetime) -> None:
     """On the live table, without stopping its writes: the CHECK that lets it be attached
     without a scan, and the indexes the partitioned table's indexes will take over."""
@@ -159,7 +141,7 @@ def _prepare_old(n: dict[str, str], cutover: datetime) -> None:
             [cutover],
         )
 
-    _with_lock_retry(add_check, "CHECK")
+    migration_step(add_check, what="notifications: CHECK")
     with connection.cursor() as cursor:
         cursor.execute(f"ALTER TABLE {table} VALIDATE CONSTRAINT {_q(n['bound'])}")
         cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {_q(n['legacy'] + '_key')}")
@@ -233,7 +215,7 @@ def _swap(n: dict[str, str], cutover: datetime) -> float:
         )
         return time.perf_counter() - started
 
-    seconds = _with_lock_retry(swap, "swap")
+    seconds = migration_step(swap, what="notifications: swap")
     logger.info("notifications: layout swapped in %.3f s", seconds)
     return seconds
 

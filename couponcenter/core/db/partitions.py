@@ -33,18 +33,24 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
+from typing import TypeVar
 
 from django.db import DatabaseError, connection, transaction
 from django.db.backends.utils import CursorWrapper
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
 # How long partition DDL waits for a table lock before it gives up until the next pass.
 DDL_LOCK_TIMEOUT_MS = 500
+# A migration's step under a hot table's lock waits this long for it, and is tried this often.
+MIGRATION_LOCK_TIMEOUT_MS = 2000
+MIGRATION_ATTEMPTS = 30
 DAY = timedelta(days=1)
 # Rows per DELETE when old keys are cleared out of DEFAULT.
 DEFAULT_DELETE_BATCH = 5000
@@ -102,6 +108,26 @@ def maintenance_turn(key: tuple[int, int]) -> Iterator[bool]:
         if mine:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)
+
+
+def migration_step(step: Callable[[CursorWrapper], T], *, what: str) -> T:
+    """Run ``step(cursor)`` in a transaction that waits at most ``MIGRATION_LOCK_TIMEOUT_MS`` for
+    each lock, again while a lock does not come (a long query on the table): a lock request
+    queues every later statement of the table behind it, so it must never wait long.
+    Raises after ``MIGRATION_ATTEMPTS``."""
+    for attempt in range(1, MIGRATION_ATTEMPTS + 1):
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('lock_timeout', %s, true)",
+                    [f"{MIGRATION_LOCK_TIMEOUT_MS}ms"],
+                )
+                return step(cursor)
+        except DatabaseError as error:
+            if _pgcode(error) != "55P03" or attempt == MIGRATION_ATTEMPTS:
+                raise
+            logger.info("partitions: %s: lock busy, attempt %d", what, attempt)
+    raise AssertionError("unreachable")
 
 
 def partition_name(table: str, day: datetime) -> str:

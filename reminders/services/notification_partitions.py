@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 
 from couponcenter.core.db.partitions import (
+    DAY,
     Partitioned,
     day_of,
     maintenance_turn,
@@ -42,9 +43,10 @@ logger = logging.getLogger(__name__)
 TABLE = Notification._meta.db_table
 # Staged notifications are written at most ``ReminderSettings.prestage_ms`` ahead: days enough.
 NOTIFICATIONS = Partitioned(table=TABLE, column="visible_at", ahead=timedelta(days=3))
-# The first partition (the old table) covers up to this far past the migration's day, so that
-# what the inbox writes while the migration runs (before the swap) fits under its CHECK.
-CUTOVER_AHEAD = timedelta(days=2)
+# The first partition (the old table) covers up to the midnight after the migration's start plus
+# this margin: what the inbox writes while the migration runs (before the swap) fits under its
+# CHECK, and the old table, with its extra indexes, takes new rows for a day at most.
+CUTOVER_MARGIN = timedelta(hours=6)
 # Session advisory lock: one process of the fleet maintains the partitions at a time.
 MAINTAIN_LOCK = (0x5E1A, 0x1B0C)
 UNREAD = "read_at IS NULL"
@@ -101,7 +103,7 @@ def partition_notifications(*, table: str = TABLE, now: datetime) -> dict:
     if connection.vendor != "postgresql" or partitioned(table):
         return {}
     n = _names(table)
-    cutover = day_of(now) + CUTOVER_AHEAD
+    cutover = day_of(now + CUTOVER_MARGIN) + DAY
     _prepare_old(n, cutover)
     _build(n)
     seconds = _swap(n, cutover)
@@ -209,10 +211,13 @@ def _swap(n: dict[str, str], cutover: datetime) -> float:
                 c.execute(f"ALTER INDEX {_q(n[kind])} RENAME TO {_q(n['legacy'] + '_' + kind)}")
             c.execute(f"ALTER INDEX {_q(n['new'] + '_' + kind)} RENAME TO {_q(n[kind])}")
         c.execute(f"ALTER INDEX {_q(n['new'] + '_id')} RENAME TO {_q(n['table'] + '_id')}")
-        c.execute(
-            f"ALTER TABLE {table} ATTACH PARTITION {legacy} FOR VALUES FROM (MINVALUE) TO (%s)",
-            [cutover],
-        )
+        if max_id is None:  # a new database: nothing to keep, the days start today
+            c.execute(f"DROP TABLE {legacy}")
+        else:
+            c.execute(
+                f"ALTER TABLE {table} ATTACH PARTITION {legacy} FOR VALUES FROM (MINVALUE) TO (%s)",
+                [cutover],
+            )
         return time.perf_counter() - started
 
     seconds = migration_step(swap, what="notifications: swap")

@@ -321,11 +321,36 @@ GATE_BUILD_AHEAD_S = _env_int("GATE_BUILD_AHEAD_S", 600, 0, 7 * 86_400)
 # How often one process in the fleet (a reminder worker, under a Redis lock) checks the gates and
 # rebuilds those that need it: stale holds, counts that drifted, gates lost or out of date.
 GATE_MAINTAIN_INTERVAL_S = _env_int("GATE_MAINTAIN_INTERVAL_S", 10, 1, 3600)
+# Retention (docs/retention.md): how often one process in the fleet (the sweeper for the expiry
+# tables, a reminder worker for the reminders' tables and dead letters) removes what has aged
+# out, and how many rows each of its transactions deletes. The retentions themselves are live
+# settings (ExpirySettings, ReminderSettings).
+RETENTION_EVERY_S = _env_int("RETENTION_EVERY_S", 600, 1, 86_400)
+RETENTION_BATCH_SIZE = _env_int("RETENTION_BATCH_SIZE", 2000, 1, 100_000)
 # A coupon-wide refusal (sold out, not open yet, closed, cancelled) the gate gave is answered
 # again by the web process itself for this long, without asking Redis: the refusals of a rush
 # cost no round trip at all. A unit given back or a stock raised is seen this much later (0: ask
 # Redis every time).
 GATE_LOCAL_MS = _env_int("GATE_LOCAL_MS", 100, 0, 5000)
+
+# --- Resource-aware dispatch (couponcenter.core.urgency and .holdback; docs/operations.md)
+# The urgent paths' targets: a path is behind while its signal is past its target (reminders and
+# timeouts: how long the oldest due job has waited unclaimed; claims: the p99 answer time of the
+# last second in any web process), and background work (the expiry sweep, retention, the claim
+# gates' upkeep, the reminders' periodic reconcile) then waits before its next batch.
+URGENT_REMINDERS_TARGET_MS = _env_int("URGENT_REMINDERS_TARGET_MS", 1000, 10, 3_600_000)
+URGENT_TIMEOUTS_TARGET_MS = _env_int("URGENT_TIMEOUTS_TARGET_MS", 1000, 10, 3_600_000)
+URGENT_CLAIMS_TARGET_MS = _env_int("URGENT_CLAIMS_TARGET_MS", 500, 10, 60_000)
+# Each process reads the signal at most this often (its answer is kept meanwhile).
+URGENCY_CACHE_MS = _env_int("URGENCY_CACHE_MS", 500, 0, 60_000)
+# A waiting background job looks at the signal again this often.
+HOLDBACK_POLL_MS = _env_int("HOLDBACK_POLL_MS", 1000, 10, 60_000)
+# A maintenance job (retention, gates, reconcile) waits at most this long in one stretch, then
+# runs while the urgent path stays behind (its own work must not wait forever); 0: never waits.
+HOLDBACK_MAX_S = _env_int("HOLDBACK_MAX_S", 900, 0, 86_400)
+# The expiry window: a coupon expires at most this long after its expire_at. The sweep waits for
+# the urgent paths only while what is due can still be swept inside it (expiry.window).
+EXPIRY_WINDOW_S = _env_int("EXPIRY_WINDOW_S", 3600, 60, 86_400)
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Coupon Center API",

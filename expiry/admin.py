@@ -40,11 +40,16 @@ class ExpiryTaskAdmin(ExactIdSearch, admin.ModelAdmin):
 class ExpirySettingsForm(forms.ModelForm):
     class Meta:
         model = ExpirySettings
-        fields = ("batch_size", "interval", "retention")
+        fields = ("batch_size", "interval", "retention", "user_coupon_retention")
         help_texts = {
             "batch_size": "Tasks per transaction. Sweepers pick a change up on their next pass.",
             "interval": "Longest sleep between passes, e.g. 00:01:00.",
-            "retention": "Processed tasks older than this are deleted, e.g. 7 00:00:00.",
+            "retention": "Processed tasks older than this are deleted, e.g. P7D; 0 keeps them "
+            "forever.",
+            "user_coupon_retention": "Used and expired user coupons are deleted this long after "
+            "their use or expiry, once their coupon can no longer be claimed (cancelled, or its "
+            "claims closed) for as long: a user's claims count against the per-user limit, so "
+            "those of a coupon still on sale are kept. E.g. P180D; 0 keeps them forever.",
         }
 
 
@@ -52,7 +57,14 @@ class ExpirySettingsForm(forms.ModelForm):
 class ExpirySettingsAdmin(admin.ModelAdmin):
     form = ExpirySettingsForm
     formfield_overrides = ISO_DURATION_ADMIN
-    list_display = ("__str__", "batch_size", "interval", "retention", "updated_at")
+    list_display = (
+        "__str__",
+        "batch_size",
+        "interval",
+        "retention",
+        "user_coupon_retention",
+        "updated_at",
+    )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return not ExpirySettings.objects.exists()

@@ -20,6 +20,7 @@ from django.db.models import Q
 
 from couponcenter.core.durations import MaxDurationValidator, MinDurationValidator
 from couponcenter.core.live_settings import LiveSettings
+from couponcenter.core.retention import retention_field
 
 
 class ExpiryTask(models.Model):
@@ -72,10 +73,10 @@ class ExpirySettings(LiveSettings):
             MaxDurationValidator(timedelta(days=1)),
         ],
     )
-    retention = models.DurationField(
-        default=timedelta(days=7),
-        validators=[MinDurationValidator(timedelta(0)), MaxDurationValidator(timedelta(days=3650))],
-    )
+    # Retentions (docs/retention.md): processed tasks, and used or expired user coupons of
+    # coupons that can no longer be claimed.
+    retention = retention_field(days=7)
+    user_coupon_retention = retention_field(days=180)
 
     class Meta:
         verbose_name = "expiry settings"

@@ -10,7 +10,7 @@ Layout (``PARTITION BY LIST (status)``):
 - ``expiry_expirytask_processed`` (``'processed'``), ``PARTITION BY RANGE (updated_at)``: the day a
   task was processed, never in the future, so its DEFAULT stays empty. Indexes on ``id`` and
   ``user_coupon_id`` only; no foreign key, so moving a task here costs no check of its coupon.
-  The retention drops its partitions whole (``expiry_partitions_maintain``).
+  The retention drops its partitions whole (``expiry_partitions_drop``).
 
 Invariants:
 - A task is written once, pending, by the claim that writes its user coupon, and moves to
@@ -50,7 +50,6 @@ from couponcenter.core.db.partitions import (
 )
 
 from .models import ExpiryTask
-from .services import expiry_settings_get
 
 logger = logging.getLogger(__name__)
 
@@ -67,29 +66,29 @@ MAINTAIN_LOCK = (0x5E1A, 0x7A57)
 
 def partitioned_tasks() -> bool:
     """Whether expiry tasks are partitioned here (PostgreSQL, once migrated): the retention then
-    drops partitions (``expiry_partitions_maintain``) instead of deleting rows."""
+    drops partitions (``expiry_partitions_drop``) instead of deleting rows."""
     return partitioned(TABLE)
 
 
-def expiry_partitions_maintain(*, now: datetime, retention: timedelta | None = None) -> dict:
-    """Create the processed-task partitions ahead and drop those past ``retention``
-    (``ExpirySettings.retention`` when None; 0 keeps everything). Does nothing on SQLite, before
-    the migration, or while another process holds the maintenance lock. Returns what it did."""
+def expiry_partitions_ensure(*, now: datetime) -> list[str]:
+    """Create the processed-task days from today to ``PROCESSED.ahead`` (whatever the retention:
+    a task processed today needs its day); the names created. Nothing on SQLite, before the
+    migration, or while another process maintains."""
     if not partitioned_tasks():
-        return {}
+        return []
+    with maintenance_turn(MAINTAIN_LOCK) as mine:
+        return partitions_ensure(PROCESSED, now=now) if mine else []
+
+
+def expiry_partitions_drop(*, now: datetime, retention: timedelta) -> int:
+    """Drop the days of tasks processed more than ``retention`` ago (0 keeps everything): the
+    partitioned way of ``services.expiry_cleanup``; the rows removed."""
+    if not partitioned_tasks():
+        return 0
     with maintenance_turn(MAINTAIN_LOCK) as mine:
         if not mine:
-            return {}
-        if retention is None:
-            retention = expiry_settings_get(max_age_s=0).retention
-        created = partitions_ensure(PROCESSED, now=now)
-        report = partitions_drop_expired(PROCESSED, retention=retention, now=now)
-    return {
-        "created": created,
-        "dropped": report.dropped,
-        "busy": report.busy,
-        "rows": report.rows,
-    }
+            return 0
+        return partitions_drop_expired(PROCESSED, retention=retention, now=now).rows
 
 
 # --- the migration -------------------------------------------------------------------------------

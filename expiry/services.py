@@ -322,14 +322,18 @@ def expiry_cleanup(
     batch_size: int | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> int:
-    """Delete tasks processed more than ``retention`` ago, one batch per transaction.
+    """Delete tasks processed more than ``retention`` ago (0: none, kept forever), one batch
+    per transaction; the sweeper runs it as the expiry tasks' retention (``expiry.retention``).
 
     Age counts from ``updated_at`` (when the task was processed), served by the partial index
     ``expirytask_processed_age``. Returns the number of rows deleted.
     """
     config = expiry_settings_get()
     now = now or timezone.now()
-    cutoff = now - (config.retention if retention is None else retention)
+    retention = config.retention if retention is None else retention
+    if not retention:
+        return 0
+    cutoff = now - retention
     batch_size = batch_size or config.batch_size
     deleted = 0
     while not should_stop():

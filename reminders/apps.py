@@ -5,6 +5,7 @@ from django.core.exceptions import ImproperlyConfigured
 from couponcenter.core import health
 from couponcenter.core import metrics as core_metrics
 from couponcenter.core.redis import get_redis
+from couponcenter.core.urgency import register_urgent_path
 from couponcenter.coupons import signals as coupon_signals
 from reminders.engine import connection
 
@@ -26,10 +27,12 @@ class RemindersConfig(AppConfig):
         )
         # These modules import models, so Django's app loading needs them imported here, once
         # the app registry is ready (the one kind of import kept inside a function).
-        from reminders import collector, receivers
+        from reminders import collector, receivers, urgency
         from reminders import health as reminder_health
 
         core_metrics.register_state_source("redis", collector.queue_gauges)
+        # The reminders' and timeouts' oldest due job, for the background work that yields.
+        register_urgent_path("queues", urgency.queue_readings)
         health.register_check("broker", reminder_health.broker_check)
         health.register_check(
             "workers",

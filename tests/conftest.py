@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 
 from couponcenter.celery import app as celery_app
+from couponcenter.core import urgency
 from couponcenter.core.redis import get_redis, is_cluster
 from expiry.services import expiry_settings_cache_clear
 from reminders.selectors import reminder_settings_cache_clear
@@ -106,9 +107,11 @@ def fresh_live_settings():
     for a moment; a test must read its own)."""
     reminder_settings_cache_clear()
     expiry_settings_cache_clear()
+    urgency.signal.clear()  # nor another test's reading of the urgent paths
     yield
     reminder_settings_cache_clear()
     expiry_settings_cache_clear()
+    urgency.signal.clear()
 
 
 @pytest.fixture

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -40,6 +39,7 @@ from django.conf import settings
 from couponcenter.coupons.bench.http import database_url, free_port
 from reminders.engine import leases
 from tests.e2e.conftest import Stack, _forget_broker_queue
+from tests.support.checkout import checkout
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("### The first ten minutes", "## Use the timeout center from your service")
@@ -228,18 +228,6 @@ def test_the_parser_reads_what_the_readme_shows():
 def procfile() -> dict[str, str]:
     lines = (ROOT / "Procfile").read_text().splitlines()
     return dict(m.groups() for line in lines if (m := re.match(r"^([\w-]+):\s*(.+)$", line)))
-
-
-def checkout(where: Path) -> Path:
-    """The project's directory as ``make run`` leaves it (``.venv``, ``var/``), made of links to
-    this one, so the test's ``var/`` is its own and ``.venv`` is the interpreter running it."""
-    where.mkdir()
-    for entry in ROOT.iterdir():
-        if entry.name not in {".venv", "var", ".git"}:
-            (where / entry.name).symlink_to(entry)
-    (where / ".venv").symlink_to(Path(sys.prefix))
-    (where / "var" / "prometheus").mkdir(parents=True)
-    return where
 
 
 class Shell:

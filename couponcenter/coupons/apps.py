@@ -4,6 +4,8 @@ from django.db.models.signals import pre_save
 
 from couponcenter.core import tracing
 from couponcenter.core.security import log_lockout
+from couponcenter.core.urgency import register_urgent_path
+from couponcenter.coupons.claim_latency import claims_readings
 
 
 class CouponCenterConfig(AppConfig):
@@ -26,3 +28,5 @@ class CouponCenterConfig(AppConfig):
         )
         # Traces to the OTLP endpoint when one is configured (else nothing is installed).
         tracing.setup()
+        # The claims' answer times, for the background work that yields to them.
+        register_urgent_path("claims", claims_readings)

@@ -275,7 +275,7 @@ class ReminderSettingsSerializer(IsoDurationModelSerializer):
 class ExpirySettingsSerializer(IsoDurationModelSerializer):
     class Meta:
         model = ExpirySettings
-        fields = ["batch_size", "interval", "retention", "updated_at"]
+        fields = ["batch_size", "interval", "retention", "user_coupon_retention", "updated_at"]
         read_only_fields = ["updated_at"]
 
 

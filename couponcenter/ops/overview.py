@@ -1,14 +1,19 @@
 """The operations console's overview: the one read that spans every app.
 
 The reminder engine's backlog, throughput and workers come from ``reminders.selectors.queues``,
-the sweeper's figures from ``expiry.selectors``. Nothing
+the sweeper's figures from ``expiry.selectors``, the urgent paths and the background work held
+back for them from ``couponcenter.core.urgency`` and ``.holdback``. Nothing
 here writes; every read is bounded (see the selectors it calls).
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from couponcenter.core.holdback import holdback_rows
 from couponcenter.core.humanize import ms_age
 from couponcenter.core.lockout import lockouts_now
+from couponcenter.core.urgency import urgency_now
 from couponcenter.ops.charts import duration_label
 from expiry import selectors as expiry_selectors
 from reminders import metrics
@@ -65,6 +70,27 @@ def lockouts() -> list[dict]:
     return lockouts_now(limit=50)
 
 
+def urgent_paths() -> list[dict]:
+    """Each urgent path's signal now against its target, and since when it is behind
+    (``couponcenter.core.urgency``: read here as a background job would read it)."""
+    reading = urgency_now()
+    since = {b.path: b.since_ms for b in reading.behind}
+    return [
+        {
+            "path": r.path,
+            "value_ms": r.value_ms,
+            "target_ms": r.target_ms,
+            "behind": r.behind,
+            "since": _moment(since.get(r.path)),
+        }
+        for r in reading.readings
+    ]
+
+
+def _moment(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
 def overview(chart_range: str = DEFAULT_RANGE) -> dict:
     """Everything the overview page shows, read once; the charts over ``chart_range`` (a key of
     ``RANGES``), the tables over the last hour."""
@@ -92,6 +118,8 @@ def overview(chart_range: str = DEFAULT_RANGE) -> dict:
         "expiry": expiry,
         "warnings": warnings(data=data, p99_ms=p99, live=live),
         "lockouts": lockouts(),
+        "urgent_paths": urgent_paths(),
+        "holdbacks": holdback_rows(),
         "quota_near": quota_near_limit(live=live),
         "timeout_topics": timeout_topic_rows(data=data, series=series, at_ms=at_ms),
         "due_soon": due_soon(at_ms=at_ms),

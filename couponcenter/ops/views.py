@@ -1,4 +1,5 @@
-"""The console overview page (``/admin/console/``): a view over ``overview.overview()``.
+"""The console's pages: the overview (``/admin/console/``, a view over ``overview.overview()``),
+a queue's page, and the retention page (``retention_page``).
 
 Staff only (``admin_view``). The page keeps itself current without reloading: every
 ``REFRESH_S`` seconds its script fetches ``?partial=1`` (the live part alone) and swaps it in.
@@ -14,7 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadReque
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from couponcenter.ops import charts, overview, queue_page
+from couponcenter.ops import charts, overview, queue_page, retention_page
 
 REFRESH_S = 5
 
@@ -125,9 +126,19 @@ def _query(f: queue_page.JobFilter, chart_range: str, page: int) -> str:
     return urlencode({k: v for k, v in pairs.items() if v not in ("", None)})
 
 
+def retention_view(request: HttpRequest) -> HttpResponse:
+    context = {
+        **admin.site.each_context(request),
+        "title": "Retention",
+        **retention_page.retention_page(),
+    }
+    return TemplateResponse(request, "admin/ops/retention.html", context)
+
+
 def console_urls() -> list:
     """Mounted at ``admin/console/`` by the project's urls, ahead of the admin site."""
     return [
         path("", admin.site.admin_view(overview_view), name="ops-console"),
         path("queue/<str:topic>/", admin.site.admin_view(queue_view), name="ops-queue"),
+        path("retention/", admin.site.admin_view(retention_view), name="ops-retention"),
     ]

@@ -24,7 +24,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("expiry", "0005_pending_due_keyset"),
+        ("expiry", "0006_retention_settings"),
     ]
 
     operations = [

@@ -55,6 +55,18 @@ class ReminderSettingsAdmin(admin.ModelAdmin):
                 ]
             },
         ),
+        (
+            "Retention (0 keeps forever; docs/retention.md)",
+            {
+                "fields": [
+                    "timeout_job_retention",
+                    "notification_read_retention",
+                    "notification_unread_retention",
+                    "subscription_retention",
+                    "dead_letter_retention",
+                ]
+            },
+        ),
         ("Version", {"fields": ["version", "updated_at"]}),
     ]
 

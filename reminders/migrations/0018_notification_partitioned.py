@@ -22,7 +22,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("reminders", "0016_topic_standard_webhooks"),
+        ("reminders", "0017_retention_settings"),
     ]
 
     operations = [

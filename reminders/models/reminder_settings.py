@@ -10,6 +10,7 @@ from django.db import models
 
 from couponcenter.core.durations import MaxDurationValidator, MinDurationValidator
 from couponcenter.core.live_settings import LiveSettings
+from couponcenter.core.retention import retention_field
 from reminders.engine.topic_model import TopicSettings
 from reminders.models.validators import _power_of_two, _within_attribute_max
 
@@ -172,6 +173,30 @@ class ReminderSettings(LiveSettings):
         validators=[_within_attribute_max],
         help_text="Largest attribute an owner may give a job, in bytes of its JSON (0: only the "
         "service's hard limit).",
+    )
+    # Retentions (docs/retention.md): how long finished rows are kept before the reminder
+    # worker's housekeeping deletes them; 0 keeps them forever.
+    timeout_job_retention = retention_field(
+        days=7,
+        help_text="Processed and cancelled timeout jobs (with their history) are deleted this "
+        "long after they finished; dead ones are kept as long as their dead letter too.",
+    )
+    notification_read_retention = retention_field(
+        days=30, help_text="Notifications are deleted this long after the user read them."
+    )
+    notification_unread_retention = retention_field(
+        days=90,
+        help_text="Notifications never read are deleted this long after they were shown.",
+    )
+    subscription_retention = retention_field(
+        days=30,
+        help_text="Sent, dropped and cancelled reminder subscriptions are deleted this long "
+        "after they finished; failed ones are kept as long as their dead letter too.",
+    )
+    dead_letter_retention = retention_field(
+        days=30,
+        help_text="Dead letters (jobs and reminders past their attempts, in Redis) are deleted "
+        "this long after they died, unless requeued before.",
     )
 
     class Meta:

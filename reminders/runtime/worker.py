@@ -6,7 +6,10 @@
   a Redis restart or flush loses nothing, and removes the entries in that window whose row is
   final (``services.orphans``: a subscribe/unsubscribe race can index a cancelled row); in the
   worker process it runs in a thread of its own, off the dispatch loop; and the claim gates'
-  upkeep (``GateUpkeep``);
+  upkeep (``GateUpkeep``); and the reminders' retention (``RetentionUpkeep``);
+- background work yields to the urgent paths (docs/operations.md, Resource-aware dispatch): the
+  gates' upkeep and the retention skip their turn, or stop after their batch, while one is behind
+  (``couponcenter.core.holdback``); the reconcile does not, being the reminders' own guarantee;
 - backpressure: claiming of reminders pauses while the Celery delivery queue is deeper than
   ``ReminderSettings.max_delivery_queue`` (the backlog waits in Redis, where it is safe);
 - errors close stale database connections so a restarted PostgreSQL is picked up again.
@@ -15,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,7 +31,9 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from couponcenter.core import __version__
+from couponcenter.core.holdback import Holdback
 from couponcenter.core.redis import get_redis
+from couponcenter.core.retention import RetentionRun, RetentionTurn
 from couponcenter.coupons.gate import gates_maintain, gates_maintain_turn
 from reminders import metrics, services
 from reminders.engine import keys
@@ -43,10 +49,13 @@ from reminders.runtime.topic_wiring import (
 )
 from reminders.selectors import queues, reminder_settings_get
 from reminders.services.orphans import queues_prune_orphans
+from reminders.services.retention import reminders_retention
 
 logger = logging.getLogger(__name__)
 BROKER_WARN_EVERY_S = 10.0
 BROKER_RETRY_S = 1.0
+# The background jobs' names in the hold-back records (the console's rows).
+GATES_JOB, RETENTION_JOB = "claim gates", "reminders retention"
 
 
 class BacklogSampler:
@@ -107,13 +116,21 @@ class Reconciler:
             self.last = time.monotonic()
             counts = services.queues_rebuild()
             seconds = round(time.perf_counter() - started, 3)
-            logger.warning(
-                "Redis epoch marker missing (first start, flush or restart): full rebuild, "
-                "%s re-indexed in %.3f s",
-                counts,
-                seconds,
-                extra={"counts": counts, "seconds": seconds},
-            )
+            if any(counts.values()):
+                logger.warning(
+                    "Redis epoch marker missing (flush, or a restart without its data): full "
+                    "rebuild, %s re-indexed in %.3f s",
+                    counts,
+                    seconds,
+                    extra={"counts": counts, "seconds": seconds},
+                )
+            else:
+                # A first start, or a loss of nothing: Redis held every pending entry already.
+                logger.info(
+                    "Redis holds the whole schedule (checked in %.3f s against the database)",
+                    seconds,
+                    extra={"counts": counts, "seconds": seconds},
+                )
             return None
         if time.monotonic() - self.last < self.every_s:
             return None
@@ -175,6 +192,7 @@ class GateUpkeep:
     """
 
     def __init__(self, *, background: bool = False) -> None:
+        self.hold = Holdback(GATES_JOB)
         self._pool = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-upkeep")
             if background
@@ -187,8 +205,8 @@ class GateUpkeep:
             return None
         if self._running is not None and not self._running.done():
             return None
-        if not gates_maintain_turn():
-            return None
+        if not gates_maintain_turn() or self.hold.check():
+            return None  # held back: this turn is skipped
         if self._pool is None:
             gates_maintain()
             return None
@@ -204,6 +222,66 @@ class GateUpkeep:
             return gates_maintain()
         except Exception:
             logger.exception("claim gates' upkeep failed; it runs again in its next turn")
+            raise
+        finally:
+            connection.close()  # this thread's own
+
+
+class RetentionUpkeep:
+    """The reminders' retention (``services.retention.reminders_retention``): finished timeout
+    jobs, old notifications, finished subscriptions and dead letters removed in batches.
+
+    Run here for the reasons ``GateUpkeep`` is; ``RetentionTurn`` makes it one pass per
+    ``RETENTION_EVERY_S`` across the fleet, and one at a time (a lease held while it runs).
+    ``background``: in a thread of its own (the worker process), off the dispatch loop; ``close``
+    asks a pass in flight to stop after its batch, and waits for it.
+    """
+
+    def __init__(self, *, background: bool = False) -> None:
+        self._turn = RetentionTurn("reminders", every_s=settings.RETENTION_EVERY_S)
+        self.hold = Holdback(RETENTION_JOB)
+        self._stop = threading.Event()
+        self._pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="retention")
+            if background
+            else None
+        )
+        self._running: Future | None = None
+
+    def __call__(self) -> Future | None:
+        if self._running is not None and not self._running.done():
+            return None
+        if self._stop.is_set() or not self._turn.take():
+            return None
+        if self.hold.check():
+            self._turn.give_back()  # taken again once the urgent paths are on target
+            return None
+        if self._pool is None:
+            self._run()
+            return None
+        self._running = self._pool.submit(self._in_background)
+        return self._running
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _run(self) -> list[RetentionRun]:
+        try:
+            return reminders_retention(
+                should_stop=lambda: (
+                    self._stop.is_set() or not self._turn.keep() or self.hold.check()
+                )
+            )
+        finally:
+            self._turn.release()
+
+    def _in_background(self) -> list[RetentionRun]:
+        try:
+            return self._run()
+        except Exception:
+            logger.exception("retention failed; it runs again in its next turn")
             raise
         finally:
             connection.close()  # this thread's own
@@ -283,12 +361,18 @@ def build_worker(
         raise ValueError(f"unknown topics {sorted(names - known)}; known: {sorted(known)}")
     reconciler = Reconciler(background=threaded)
     gate_upkeep = GateUpkeep(background=threaded)
+    retention = RetentionUpkeep(background=threaded)
     hooks = Hooks(
         may_claim=DeliveryBackpressure(),
         budget=ClaimBudget(generic),
-        housekeeping=[reconciler, gate_upkeep, BacklogSampler()],
+        housekeeping=[reconciler, gate_upkeep, retention, BacklogSampler()],
         on_error=_on_error,
-        on_shutdown=[generic.executors.close, reconciler.close, gate_upkeep.close],
+        on_shutdown=[
+            generic.executors.close,
+            reconciler.close,
+            gate_upkeep.close,
+            retention.close,
+        ],
         handed_counts=generic.executors.counts,
         load=generic.executors.load,
     )

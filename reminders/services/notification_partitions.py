@@ -49,49 +49,47 @@ NOTIFICATIONS = Partitioned(table=TABLE, column="visible_at", ahead=timedelta(da
 CUTOVER_MARGIN = timedelta(hours=6)
 # Session advisory lock: one process of the fleet maintains the partitions at a time.
 MAINTAIN_LOCK = (0x5E1A, 0x1B0C)
-UNREAD = "read_at IS NULL"
-READ = "read_at IS NOT NULL"
 
 
 def notifications_partitioned() -> bool:
     return partitioned(TABLE)
 
 
-def notification_partitions_maintain(
-    *, now: datetime, read_retention: timedelta, unread_retention: timedelta
-) -> dict:
-    """Create the days ahead, then drop the days past the retentions (0: keep forever): a day
-    goes once it is older than both, or older than the read retention and holding no unread
-    notification, or older than the unread retention and holding no read one. Does nothing on
-    SQLite, before the migration, or while another process maintains. Returns what it did."""
+def notification_partitions_ensure(*, now: datetime) -> list[str]:
+    """Create the days from today to ``NOTIFICATIONS.ahead`` (whatever the retentions); the names
+    created. Nothing on SQLite, before the migration, or while another process maintains."""
     if not notifications_partitioned():
-        return {}
+        return []
+    with maintenance_turn(MAINTAIN_LOCK) as mine:
+        return partitions_ensure(NOTIFICATIONS, now=now) if mine else []
+
+
+def notification_partitions_drop(
+    *, now: datetime, read_retention: timedelta, unread_retention: timedelta
+) -> int:
+    """Drop the days every notification of which is past its retention (0: kept forever), by the
+    rules of the batched way (``reminders.services.retention``): a read one that long after it was
+    read, an unread one that long after it was shown, never one held for a digest. A day holding
+    any other row stays whole. The rows removed."""
+    shorter = min((r for r in (read_retention, unread_retention) if r), default=timedelta(0))
+    if not shorter or not notifications_partitioned():
+        return 0
+    spec = Partitioned(
+        NOTIFICATIONS.table,
+        NOTIFICATIONS.column,
+        keep=_still_kept(now=now, read=read_retention, unread=unread_retention),
+    )
     with maintenance_turn(MAINTAIN_LOCK) as mine:
         if not mine:
-            return {}
-        created = partitions_ensure(NOTIFICATIONS, now=now)
-        dropped, busy, rows = [], [], 0
-        for retention, keep in _passes(read_retention, unread_retention):
-            spec = Partitioned(NOTIFICATIONS.table, NOTIFICATIONS.column, keep=keep)
-            report = partitions_drop_expired(spec, retention=retention, now=now)
-            dropped += report.dropped
-            busy += report.busy
-            rows += report.rows
-    return {"created": created, "dropped": dropped, "busy": busy, "rows": rows}
+            return 0
+        return partitions_drop_expired(spec, retention=shorter, now=now).rows
 
 
-def _passes(read: timedelta, unread: timedelta) -> list[tuple[timedelta, str]]:
-    """(retention, keep) per drop pass: past the shorter retention, a day goes if it holds
-    nothing the longer one still keeps; past the longer one, whole (if neither is forever)."""
-    zero = timedelta(0)
-    passes = []
-    if read > zero:
-        kept_unread = unread == zero or unread > read
-        passes.append((read, UNREAD if kept_unread else ""))
-    if unread > zero:
-        kept_read = read == zero or read > unread
-        passes.append((unread, READ if kept_read else ""))
-    return passes
+def _still_kept(*, now: datetime, read: timedelta, unread: timedelta) -> str:
+    """The SQL condition of a notification its retentions still keep at ``now``."""
+    read_kept = f"read_at >= '{(now - read).isoformat()}'::timestamptz" if read else "true"
+    unread_kept = f"visible_at >= '{(now - unread).isoformat()}'::timestamptz" if unread else "true"
+    return f"held OR (read_at IS NOT NULL AND {read_kept}) OR (read_at IS NULL AND {unread_kept})"
 
 
 # --- the migration -------------------------------------------------------------------------------

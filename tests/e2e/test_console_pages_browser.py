@@ -30,6 +30,7 @@ PAGES = [
     "/admin/console/?range=24h",
     "/admin/console/queue/timeout.default/",
     "/admin/console/queue/coupon.reminder/",
+    "/admin/console/retention/",
     "/admin/couponcenter/coupon/",
     "/admin/couponcenter/usercoupon/",
     "/admin/reminders/remindersettings/",

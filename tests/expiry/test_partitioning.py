@@ -158,15 +158,16 @@ def test_maintenance_creates_days_ahead_and_drops_processed_days_past_the_retent
     pending = tasks(2, expires_at=JAN1 - timedelta(days=30))  # overdue, not swept yet
     now = JAN1 + timedelta(days=9)
 
-    kept_all = partitioning.expiry_partitions_maintain(now=now, retention=timedelta(0))
-    assert (kept_all["rows"], kept_all["dropped"]) == (0, [])
-    assert {f"{PROCESSED}_p202601{d}" for d in (10, 11, 12)} <= set(kept_all["created"])
-    report = partitioning.expiry_partitions_maintain(now=now, retention=timedelta(days=7))
+    created = partitioning.expiry_partitions_ensure(now=now)
+    assert {f"{PROCESSED}_p202601{d}" for d in (10, 11, 12)} <= set(created)
+    assert partitioning.expiry_partitions_drop(now=now, retention=timedelta(0)) == 0
+    assert partitioning.expiry_partitions_ensure(now=now) == []
+
+    removed = partitioning.expiry_partitions_drop(now=now, retention=timedelta(days=7))
 
     # Jan 1 ended Jan 2 00:00 = now - retention: gone with its two tasks; Jan 3 not yet.
-    assert report["dropped"] == [f"{PROCESSED}_p20260101", f"{PROCESSED}_p20260102"]
-    assert report["rows"] == 2
+    assert removed == 2
+    assert f"{PROCESSED}_p20260101" not in partitions_list(PROCESSED)
     assert f"{PROCESSED}_p20260103" in partitions_list(PROCESSED)
-    assert report["created"] == []
     assert not ExpiryTask.objects.filter(pk__in=[t.pk for t in processed]).exists()
     assert ExpiryTask.objects.filter(pk__in=[t.pk for t in pending], status="pending").count() == 2

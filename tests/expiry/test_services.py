@@ -279,12 +279,29 @@ def test_selectors_report_backlog_and_oldest_due_task():
 def test_settings_admin_form_gives_clear_errors():
     from expiry.admin import ExpirySettingsForm
 
-    form = ExpirySettingsForm(data={"batch_size": "0", "interval": "0", "retention": "-1 0:00:00"})
+    form = ExpirySettingsForm(
+        data={
+            "batch_size": "0",
+            "interval": "0",
+            "retention": "-1 0:00:00",
+            "user_coupon_retention": "P3651D",
+        }
+    )
     assert not form.is_valid()
-    assert set(form.errors) == {"batch_size", "interval", "retention"}
+    assert set(form.errors) == {"batch_size", "interval", "retention", "user_coupon_retention"}
     # The model's bound, in its own words: one set of rules for the admin and the API.
     assert form.errors["interval"] == ["Ensure this value is greater than or equal to PT1S."]
-    good = ExpirySettingsForm(data={"batch_size": "500", "interval": "30", "retention": "0"})
+    assert form.errors["user_coupon_retention"] == [
+        "Ensure this value is less than or equal to P3650D."
+    ]
+    good = ExpirySettingsForm(
+        data={
+            "batch_size": "500",
+            "interval": "30",
+            "retention": "0",
+            "user_coupon_retention": "P180D",
+        }
+    )
     assert good.is_valid(), good.errors
 
 

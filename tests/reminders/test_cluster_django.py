@@ -11,10 +11,12 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from couponcenter.core.redis import get_redis, is_cluster
+from couponcenter.core.retention import RetentionTurn
 from reminders.engine import keys, queue
+from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPIC
 from reminders.models import Notification, ReminderSubscription, TimeoutJob
-from reminders.runtime.worker import build_worker
+from reminders.runtime.worker import RetentionUpkeep, build_worker
 from reminders.services import subscription_subscribe, timeout_job_cancel
 from tests.conftest import delete_keys
 from tests.reminders import test_timeouts_handlers as handlers
@@ -93,3 +95,16 @@ def test_reminders_deliver_on_a_cluster(
     )
     assert set(ReminderSubscription.objects.values_list("status", flat=True)) == {"sent"}
     assert backlog(REMINDER_TOPIC, 16) == 0
+
+
+def test_retention_takes_its_turn_and_purges_dead_letters_on_a_cluster(
+    on_cluster, reminder_settings, redis_prefix
+):
+    k = keys.slot_keys(REMINDER_TOPIC, 3)
+    old_ms = epoch_ms(timezone.now() - timedelta(days=40))  # default retention: 30 days
+    get_redis().zadd(k.dead, {"s:1": old_ms, "s:2": epoch_ms()})
+    RetentionUpkeep()()
+    assert get_redis().zrange(k.dead, 0, -1) == [b"s:2"]
+    turn = RetentionTurn("reminders", every_s=60)
+    assert not turn.take()  # the upkeep's turn holds for the interval, cluster-wide
+    delete_keys(get_redis(), f"{redis_prefix}:*")

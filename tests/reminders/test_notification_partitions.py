@@ -143,6 +143,10 @@ def test_a_users_list_reads_no_day_ahead_of_now():
     assert [n.dedup_key for n in rows] == ["reminder:2", "reminder:1"]
 
 
+def drop(now: datetime, read: timedelta, unread: timedelta) -> int:
+    return parts.notification_partitions_drop(now=now, read_retention=read, unread_retention=unread)
+
+
 def test_retention_drops_read_days_keeps_days_with_unread_until_their_own_retention():
     partitions_ensure(parts.NOTIFICATIONS, now=MAR1)
     day1, day2 = MAR1 + timedelta(hours=3), MAR1 + timedelta(days=1, hours=3)
@@ -150,27 +154,38 @@ def test_retention_drops_read_days_keeps_days_with_unread_until_their_own_retent
     Notification.objects.filter(dedup_key="reminder:1").update(read_at=day1)
     read, unread = timedelta(days=30), timedelta(days=90)
 
-    report = parts.notification_partitions_maintain(
-        now=MAR1 + timedelta(days=40), read_retention=read, unread_retention=unread
-    )
+    assert drop(MAR1 + timedelta(days=40), read, unread) == 1
 
-    assert partition_name(TABLE, MAR1) in report["dropped"]  # only read ones: gone
+    assert partition_name(TABLE, MAR1) not in partitions_list(TABLE)  # only a read one: gone
     assert partition_name(TABLE, MAR1 + timedelta(days=1)) in partitions_list(TABLE)  # unread
     assert list(Notification.objects.values_list("dedup_key", flat=True)) == ["reminder:2"]
-
-    later = parts.notification_partitions_maintain(
-        now=MAR1 + timedelta(days=92), read_retention=read, unread_retention=unread
-    )
-    assert partition_name(TABLE, MAR1 + timedelta(days=1)) in later["dropped"]
+    assert drop(MAR1 + timedelta(days=92), read, unread) == 1
     assert not Notification.objects.exists()
+
+
+def test_a_read_notification_counts_from_when_it_was_read():
+    partitions_ensure(parts.NOTIFICATIONS, now=MAR1)
+    InboxGateway().deliver([message(14, "reminder:1", MAR1 + timedelta(hours=3))])
+    Notification.objects.update(read_at=MAR1 + timedelta(days=20))  # read weeks after it showed
+    read, unread = timedelta(days=30), timedelta(days=90)
+
+    assert drop(MAR1 + timedelta(days=40), read, unread) == 0  # read 20 days ago: kept
+    assert drop(MAR1 + timedelta(days=51), read, unread) == 1
+
+
+def test_a_notification_held_for_a_digest_keeps_its_day():
+    partitions_ensure(parts.NOTIFICATIONS, now=MAR1)
+    held = message(15, "reminder:1", MAR1 + timedelta(hours=3))
+    held.push, held.held = False, True
+    InboxGateway().deliver([held])
+
+    assert drop(MAR1 + timedelta(days=400), timedelta(days=30), timedelta(days=90)) == 0
+    assert Notification.objects.count() == 1
 
 
 def test_retention_zero_keeps_everything():
     partitions_ensure(parts.NOTIFICATIONS, now=MAR1)
     InboxGateway().deliver([message(13, "reminder:1", MAR1 + timedelta(hours=1))])
 
-    report = parts.notification_partitions_maintain(
-        now=MAR1 + timedelta(days=900), read_retention=timedelta(0), unread_retention=timedelta(0)
-    )
-
-    assert report["dropped"] == [] and Notification.objects.count() == 1
+    assert drop(MAR1 + timedelta(days=900), timedelta(0), timedelta(0)) == 0
+    assert Notification.objects.count() == 1

@@ -222,3 +222,27 @@ def test_worker_reconcile_brings_back_jobs_due_within_the_window(
     assert set(Notification.objects.values_list("user_id", flat=True)) == {s.user_id for s in subs}
     back = {m for ids in members(redis_client, TOPIC, SLOTS).values() for m in ids}
     assert back == {str(j.pk) for j in [*soon[2:], far]}
+
+
+def test_first_start_is_calm_and_a_loss_is_a_warning(
+    call_topic, make_job, flush, redis_client, caplog
+):
+    # A first start finds every pending entry in Redis already (scheduled as it was created):
+    # the full check re-indexes nothing and says so at INFO.
+    make_job(TOPIC, in_s=300)
+    with caplog.at_level("INFO", logger="reminders.runtime.worker"):
+        Reconciler(every_s=3600)()
+    records = [r for r in caplog.records if r.name == "reminders.runtime.worker"]
+    assert [r.levelname for r in records] == ["INFO"]
+    assert "holds the whole schedule" in records[0].getMessage()
+    assert redis_client.exists(keys.epoch())
+
+    # Redis restarted without its data: the same check re-indexes the job, and that is a WARNING.
+    flush()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="reminders.runtime.worker"):
+        Reconciler(every_s=3600)()
+    records = [r for r in caplog.records if r.name == "reminders.runtime.worker"]
+    assert [r.levelname for r in records] == ["WARNING"]
+    assert "full rebuild" in records[0].getMessage()
+    assert records[0].counts == {"timeout jobs": 1, "reminders": 0}

@@ -198,3 +198,17 @@ def test_killed_worker_loses_nothing(spawn):
     rows = TimeoutJob.objects.filter(pk__in=[j.pk for j in jobs])
     assert set(rows.values_list("attempts", flat=True)) == {2}  # delivered a second time
     assert in_slot() == (0, 0, 0)
+
+
+def test_a_running_worker_removes_what_has_aged_out(spawn):
+    old = TimeoutJob.objects.create(
+        topic="t.log", biz_type="order", biz_id="old", status=TimeoutJob.Status.PROCESSED,
+        action_time=timezone.now() - timedelta(days=30),
+    )  # fmt: skip
+    TimeoutJob.objects.filter(pk=old.pk).update(gmt_modified=timezone.now() - timedelta(days=8))
+    pending = timeout_job_create(
+        topic="t.log", biz_type="order", biz_id="later", action_time=timezone.now() + timedelta(1)
+    )
+    proc = spawn("--topic", "t.log")
+    wait_for(lambda: not TimeoutJob.objects.filter(pk=old.pk).exists(), 20, "retention", proc)
+    assert TimeoutJob.objects.get(pk=pending.pk).status == TimeoutJob.Status.PENDING

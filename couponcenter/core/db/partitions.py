@@ -20,7 +20,8 @@ Invariants:
   it is locked, so a row that came to match it a moment before (a task rescheduled, a message
   marked unread) keeps the partition: the drop rolls back.
 - DEFAULT is never dropped; the rows it holds from before ``now - retention`` (keys that came
-  when their day had no partition) are deleted in batches, ``keep`` rows excepted.
+  when their day had no partition) are deleted in batches, ``keep`` rows excepted, and rows a hot
+  path holds skipped until the next pass.
 - Every DDL statement waits at most ``DDL_LOCK_TIMEOUT_MS`` for its locks. A drop needs the
   parent's exclusive lock, and waiting for it would queue every query of the table behind it:
   after the timeout it gives up (``DropReport.busy``) and the next maintenance pass tries again.
@@ -373,10 +374,14 @@ def _delete_old_from_default(spec: Partitioned, default: str, cutoff: datetime) 
     while True:
         try:
             with _ddl_transaction(f"deleting from {default}") as cursor:
+                # A row a hot path holds is skipped (left for the next pass), and the condition
+                # is checked again on the row as it is when deleted.
+                aged = f"{_q(spec.column)} < %s {keep}"
                 cursor.execute(
                     f"DELETE FROM {_q(default)} WHERE ctid = ANY(ARRAY(SELECT ctid "
-                    f"FROM {_q(default)} WHERE {_q(spec.column)} < %s {keep} LIMIT %s))",
-                    [cutoff, DEFAULT_DELETE_BATCH],
+                    f"FROM {_q(default)} WHERE {aged} LIMIT %s FOR UPDATE SKIP LOCKED)) "
+                    f"AND {aged}",
+                    [cutoff, DEFAULT_DELETE_BATCH, cutoff],
                 )
                 count = cursor.rowcount
         except _Busy:

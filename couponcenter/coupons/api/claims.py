@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
@@ -40,6 +41,7 @@ from couponcenter.core.api.schema import USER_COUPON_ID, USER_ID
 from couponcenter.core.api.throttling import BatchedFixedWindowScopedThrottle
 from couponcenter.coupons import claiming, selectors, services
 from couponcenter.coupons.api import idempotency
+from couponcenter.coupons.claim_latency import claim_latency
 from couponcenter.coupons.models import IDEMPOTENCY_KEY_MAX_LENGTH, Coupon, UserCoupon
 from couponcenter.coupons.rules import ClaimRefused
 
@@ -206,6 +208,15 @@ class UserCouponListApi(APIView):
         self, request: HttpRequest | Request, *, coupon_id: int, user_id: int, key: str | None
     ) -> Response:
         """The claim's answer, a refusal included; with a key, answered once per key."""
+        started = time.perf_counter()
+        try:
+            return self._claim_answer_timed(request, coupon_id=coupon_id, user_id=user_id, key=key)
+        finally:  # the claims' urgency reading (docs/operations.md)
+            claim_latency.observe((time.perf_counter() - started) * 1000)
+
+    def _claim_answer_timed(
+        self, request: HttpRequest | Request, *, coupon_id: int, user_id: int, key: str | None
+    ) -> Response:
         caller_id = request.user.pk
         column_key = None if key is None else idempotency.column_value(caller_id=caller_id, key=key)
 

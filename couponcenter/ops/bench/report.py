@@ -226,6 +226,7 @@ def figures(result: dict[str, Any]) -> list[Figure]:
                 "requests/s",
             )
         )
+    rows += _days_figures(result.get("days", {}))
     p = result.get("peers", {})
     if p and r:
         ours = round(r["count"] / r["end_to_end_s"]) if r.get("end_to_end_s") else None
@@ -265,6 +266,42 @@ def figures(result: dict[str, Any]) -> list[Figure]:
                         p.get(f"{key}_p999_ms"),
                     )
                 )
+    return rows
+
+
+def _days_figures(days: dict[str, Any]) -> list[Figure]:
+    """``bench_days``: each rate on the last day beside the first's; the size beside the first
+    day at full retention."""
+    if not days.get("days"):
+        return []
+    first, last = days["days"][0], days["days"][-1]
+    n = len(days["days"])
+    rows = [
+        Figure(
+            f"days: {rate.replace('_', ' ')} on day {n}",
+            last[f"{rate}_per_s"],
+            "/s",
+            "day 1",
+            first[f"{rate}_per_s"],
+            ratio,
+            f">= {DAYS_RATE_KEEPS} of day 1",
+            ratio is not None and ratio >= DAYS_RATE_KEEPS,
+        )
+        for rate, ratio in days["day_last_of_first"].items()
+    ]
+    grows = days.get("table_bytes_last_of_steady")
+    rows.append(
+        Figure(
+            f"days: tables and indexes on day {n}",
+            round(days["table_bytes_last"] / 2**20, 1),
+            "MiB",
+            f"day {days['steady_day']}, the first at full retention",
+            round(days["table_bytes_steady"] / 2**20, 1),
+            grows,
+            f"<= {DAYS_SIZE_GROWS} of that day",
+            grows is not None and grows <= DAYS_SIZE_GROWS,
+        )
+    )
     return rows
 
 
@@ -336,6 +373,10 @@ RATIO_TARGETS = {
     "rush_answers_of_raw_http": 0.7,
     "rush_winners_of_raw_http": 0.5,
 }
+# bench_days (issue 28): every rate on the last day at least this share of the first day's; the
+# tables' size on the last day at most this multiple of the first day at full retention.
+DAYS_RATE_KEEPS = 0.9
+DAYS_SIZE_GROWS = 1.1
 RUSH_REFUSALS_OF_RAW = RATIO_TARGETS["rush_answers_of_raw_http"]
 RUSH_WINNERS_OF_RAW = RATIO_TARGETS["rush_winners_of_raw_http"]
 
@@ -359,6 +400,10 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
     refusals, winners = _rush_runs(result.get("rush", {})) or ({}, {})
     out["rush_answers_of_raw_http"] = refusals.get("answers_of_healthz")
     out["rush_winners_of_raw_http"] = winners.get("answers_of_healthz")
+    # bench_days: per rate, its last day over its first; the size's last day over its steady one.
+    days = result.get("days", {})
+    out["day_last_of_first"] = days.get("day_last_of_first")
+    out["table_bytes_last_of_steady"] = days.get("table_bytes_last_of_steady")
     return out
 
 

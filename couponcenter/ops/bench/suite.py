@@ -14,6 +14,8 @@ Each part measures our figure beside the raw limit of the same work in the same 
 - cost as the backlog grows: Redis bytes per pending reminder and the claim rate at 1M and 10M;
 - the timeout center: 200,000 http jobs due in one second / a plain client on the same
   receiver, a fast topic's p99 while a slow one is saturated, bulk create and cancel by key;
+- days of a campaign calendar (``bench_days`` in a shorter form): each hot path's rate on the
+  last day over the first, and the tables' size on the last day over the first at full retention;
 - the peers (BullMQ, Celery ETA) on the same Redis and workload, when asked for.
 
 It writes one JSON file and one Markdown table under ``var/bench/`` and returns the JSON.
@@ -40,6 +42,7 @@ from couponcenter.core.redis import get_redis
 from couponcenter.coupons.bench import http as bench_http
 from couponcenter.coupons.bench import rush as bench_rush
 from couponcenter.coupons.bench.progress import Progress
+from couponcenter.ops.bench import days as bench_days
 from couponcenter.ops.bench.report import RATIO_TARGETS, at_a_glance, figures, markdown, ratios
 from expiry import services as expiry_services
 from expiry.bench import sweep as bench_expiry
@@ -51,7 +54,9 @@ from reminders.bench.raw_inbox import bench_raw_inbox
 from reminders.selectors import reminder_settings_get
 
 STEADY_RATE = 5000
-PARTS = ("expiry", "timeouts", "raw_inbox", "reminders", "claims", "rush", "backlog")
+PARTS = ("expiry", "timeouts", "raw_inbox", "reminders", "days", "claims", "rush", "backlog")
+# bench_days's shorter form: D = 3 x the retention, as the target asks, in a few minutes.
+DAYS = bench_days.Shape(days=6, retention_days=2, claims=50_000, reminders=20_000, timeouts=5_000)
 RUSH_REFUSALS_STOCK = 1_000  # the rush of mostly refusals; the other has a unit for every user
 
 
@@ -133,6 +138,13 @@ def run(
         result["reminders"] = bench_reminders.run(
             count=count, steady_rate=STEADY_RATE, steady_seconds=10, progress=progress
         )
+    if "days" in parts:
+        say(
+            f"days: {DAYS.days} days of a campaign calendar, retention {DAYS.retention_days} "
+            f"days, {DAYS.claims:,} claims, {DAYS.reminders:,} reminders and "
+            f"{DAYS.timeouts:,} order timeouts a day"
+        )
+        result["days"] = bench_days.run(DAYS, progress=progress, say=say)
     if "claims" in parts:
         say(f"claims over HTTP: {claims_seconds:.0f} s, beside /healthz/live/")
         result["claims"] = bench_http.run(seconds=claims_seconds, progress=say)

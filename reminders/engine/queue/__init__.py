@@ -24,7 +24,7 @@ from .backlog import (
     stats,
 )
 from .consuming import PROMOTE_LIMIT, ack, bury, claim, claim_parcel, nack, promote, reap, unclaim
-from .dead import DeadEntry, list_dead, purge_dead, requeue_dead
+from .dead import DeadEntry, list_dead, purge_dead, purge_dead_before, requeue_dead
 from .layouts import (
     prune_layouts,
     record_layout,
@@ -71,6 +71,7 @@ __all__ = [
     "promote",
     "prune_layouts",
     "purge_dead",
+    "purge_dead_before",
     "reap",
     "record_layout",
     "record_layout_covering",

@@ -70,3 +70,13 @@ def purge_dead(
         limit=max(limit, len(job_ids)),
         job_ids=job_ids,
     )
+
+
+def purge_dead_before(
+    topic: str, slot: int, *, before_ms: int, limit: int = 1000, client: Client | None = None
+) -> int:
+    """Delete for good at most ``limit`` dead jobs that died before ``before_ms`` (oldest first);
+    fewer than ``limit`` deleted: none older is left."""
+    return scripts.purge_dead_before(
+        connection.client(client), slot_keys(topic, slot), before_ms=before_ms, limit=limit
+    )

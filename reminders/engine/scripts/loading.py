@@ -65,6 +65,7 @@ NACK = LuaScript("nack")
 REAP = LuaScript("reap")
 REQUEUE_DEAD = LuaScript("requeue_dead")
 PURGE_DEAD = LuaScript("purge_dead")
+PURGE_DEAD_BEFORE = LuaScript("purge_dead_before")
 LEASE_ACQUIRE = LuaScript("lease_acquire")
 LEASE_RENEW = LuaScript("lease_renew")
 LEASE_RELEASE = LuaScript("lease_release")
@@ -86,6 +87,7 @@ ALL = (
     REAP,
     REQUEUE_DEAD,
     PURGE_DEAD,
+    PURGE_DEAD_BEFORE,
     LEASE_ACQUIRE,
     LEASE_RENEW,
     LEASE_RELEASE,

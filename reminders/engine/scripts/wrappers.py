@@ -27,6 +27,7 @@ from .loading import (
     NACK,
     PROMOTE,
     PURGE_DEAD,
+    PURGE_DEAD_BEFORE,
     REAP,
     REQUEUE_DEAD,
     SETTLE_PARCEL,
@@ -252,6 +253,10 @@ def requeue_dead(
 
 def purge_dead(client: Client, k: SlotKeys, *, limit: int, job_ids: Sequence[str] = ()) -> int:
     return int(PURGE_DEAD(client, (k.dead, k.meta), (limit, *job_ids)))
+
+
+def purge_dead_before(client: Client, k: SlotKeys, *, before_ms: int, limit: int) -> int:
+    return int(PURGE_DEAD_BEFORE(client, (k.dead, k.meta), (before_ms, limit)))
 
 
 # --- lease scripts -------------------------------------------------------------------------------

@@ -46,8 +46,13 @@ def test_every_performance_target_reads_as_a_ratio_of_the_run():
         "timeouts_http_of_raw_receiver": 0.8,
         "rush_answers_of_raw_http": 0.8,  # the smallest stock: mostly refusals
         "rush_winners_of_raw_http": 0.3,  # the largest: a unit for every user
+        "day_last_of_first": None,  # bench_days did not run
+        "table_bytes_last_of_steady": None,
     }
-    assert set(ratios) == set(report.RATIO_TARGETS)
+    assert set(ratios) == set(report.RATIO_TARGETS) | {
+        "day_last_of_first",
+        "table_bytes_last_of_steady",
+    }
 
 
 def test_the_absolute_targets_sit_beside_the_ratios():
@@ -83,3 +88,32 @@ def test_the_rush_rows_judge_each_stock_against_its_own_target():
     assert (winners.ratio, winners.target, winners.met) == (0.3, ">= 0.50 of raw", False)
     assert rows["rush: 20,000 users, stock 1,000: p99 / p99.9 answer latency"].met is False
     assert rows["rush: 20,000 users, stock 20,000: p99 / p99.9 answer latency"].met is True
+
+
+DAYS = {
+    "days": [
+        {"day": 1, "expiry_sweep_per_s": 1000, "inbox_burst_per_s": 2000,
+         "timeout_create_per_s": 3000, "timeout_fire_per_s": 400},
+        {"day": 2, "expiry_sweep_per_s": 950, "inbox_burst_per_s": 1000,
+         "timeout_create_per_s": 3000, "timeout_fire_per_s": 400},
+    ],
+    "day_last_of_first": {"expiry_sweep": 0.95, "inbox_burst": 0.5, "timeout_create": 1.0,
+                          "timeout_fire": 1.0},
+    "steady_day": 2,
+    "table_bytes_steady": 100 * 2**20,
+    "table_bytes_last": 120 * 2**20,
+    "table_bytes_last_of_steady": 1.2,
+}  # fmt: skip
+
+
+def test_bench_days_ratios_are_in_the_json_and_judged_in_the_table():
+    ratios = report.ratios({"days": DAYS})
+    assert ratios["day_last_of_first"] == DAYS["day_last_of_first"]
+    assert ratios["table_bytes_last_of_steady"] == 1.2
+    rows = {row.name: row for row in report.figures({"days": DAYS})}
+    sweep = rows["days: expiry sweep on day 2"]
+    assert (sweep.value, sweep.raw_value, sweep.ratio, sweep.met) == (950, 1000, 0.95, True)
+    assert rows["days: inbox burst on day 2"].met is False
+    size = rows["days: tables and indexes on day 2"]
+    assert (size.value, size.raw_value, size.ratio, size.met) == (120.0, 100.0, 1.2, False)
+    assert report.ratios({})["day_last_of_first"] is None

@@ -45,6 +45,10 @@ from tests.support.factories import CouponFactory
         ("bench_timeouts", ["--count", "5"], "--count must be within"),
         ("bench_timeouts", ["--concurrency", "0"], "--concurrency must be within"),
         ("bench_timeouts", ["--bulk-jobs", "10000", "--cancels", "20000"], "must not exceed"),
+        ("bench_days", ["--days", "5", "--retention-days", "2"], "at least 3 x --retention-days"),
+        ("bench_days", ["--retention-days", "0"], "--retention-days must be within"),
+        ("bench_days", ["--claims", "1"], "--claims must be within"),
+        ("bench_days", ["--timeouts", "-5"], "--timeouts must be within"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(command, args, message):

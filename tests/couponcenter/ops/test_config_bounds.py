@@ -45,6 +45,13 @@ def _versions() -> tuple[int, int]:
         ({"reminder": {"max_delivery_queue": 10**12}}, "reminder", "max_delivery_queue"),
         ({"reminder": {"lateness_warning_ms": 10**12}}, "reminder", "lateness_warning_ms"),
         ({"expiry": {"retention": HUGE}}, "expiry", "retention"),
+        ({"expiry": {"user_coupon_retention": "P3651D"}}, "expiry", "user_coupon_retention"),
+        ({"reminder": {"dead_letter_retention": "-P1D"}}, "reminder", "dead_letter_retention"),
+        (
+            {"reminder": {"notification_unread_retention": HUGE}},
+            "reminder",
+            "notification_unread_retention",
+        ),
         ({"expiry": {"interval": HUGE}}, "expiry", "interval"),
         ({"reminder": {"gateway": "webhook"}}, "reminder", "gateway"),
         ({"reminder": {"slots": 16, "no_such_setting": 1}}, "reminder", "no_such_setting"),
@@ -104,3 +111,17 @@ def test_moving_the_opening_time_by_a_huge_shift_is_a_form_error(client):
     assert page.status_code == 200
     assert "shift" in page.content.decode() and "errorlist" in page.content.decode()
     assert Coupon.objects.get(pk=coupon.pk).claim_opens_at == opens
+
+
+def test_retentions_are_set_over_the_api_and_zero_keeps_forever(staff):
+    body = {
+        "reminder": {"notification_read_retention": "P1D", "timeout_job_retention": "PT0S"},
+        "expiry": {"user_coupon_retention": "P365D"},
+    }
+    response = staff.patch("/api/ops/config/", body, format="json")
+    assert response.status_code == 200, response.content
+    live = reminder_settings_get(max_age_s=0)
+    assert live.notification_read_retention == timedelta(days=1)
+    assert live.timeout_job_retention == timedelta(0)
+    expiry = expiry_services.expiry_settings_get(max_age_s=0)
+    assert expiry.user_coupon_retention == timedelta(days=365)

@@ -11,6 +11,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from couponcenter.core.durations import iso_duration
 from couponcenter.ops import overview
 from expiry.models import ExpirySettings
 from reminders import metrics
@@ -21,6 +22,7 @@ from reminders.models import ReminderSettings, ReminderSubscription, TimeoutJob
 from reminders.selectors import dead_letters, queues
 from reminders.services import dead_letters as dead_letter_services
 from reminders.services import timeout_job_create
+from reminders.services.retention import RETENTIONS
 from tests.support.console import (
     dead_members,
     kill_reminders,
@@ -37,7 +39,9 @@ CONSOLE_PAGES = [
     "/admin/reminders/deadletter/",
     "/admin/reminders/remindersettings/",
     "/admin/expiry/expirysettings/",
+    "/admin/console/retention/",
 ]
+RETENTION_FIELDS = [field for _, field, _ in RETENTIONS]
 
 
 @pytest.fixture
@@ -71,6 +75,7 @@ def settings_form(row: ReminderSettings, **overrides) -> dict:
         "over_cap": row.over_cap, "quota_pending_per_topic": row.quota_pending_per_topic,
         "quota_creations_per_s": row.quota_creations_per_s,
         "quota_attribute_bytes": row.quota_attribute_bytes,
+        **{name: iso_duration(getattr(row, name)) for name in RETENTION_FIELDS},
     }  # fmt: skip
     data.update(overrides)
     return data

@@ -216,6 +216,20 @@ def test_purge_dead(client, k, space, lease, now):
     assert space(T).dead == {} and space(T).meta == {}
 
 
+def test_purge_dead_before_removes_only_what_died_before_the_moment(client, k, space, lease, now):
+    scripts.enqueue(client, k, [(now, "a"), (now, "b"), (now, "c")])
+    token = lease(T)
+    scripts.claim_due(client, k, token=token, now_ms=now, limit=3, visibility_ms=VIS)
+    for i, job in enumerate("abc"):  # dead at now, now + 10, now + 20
+        scripts.nack(client, k, token=token, now_ms=now + 10 * i, failures=[(job, f"e{job}")],
+                     max_attempts=0, backoff_base_ms=0, backoff_cap_ms=0)  # fmt: skip
+    assert scripts.purge_dead_before(client, k, before_ms=now + 10, limit=10) == 1  # exclusive
+    assert set(space(T).dead) == {"b", "c"} and "e:a" not in space(T).meta
+    assert scripts.purge_dead_before(client, k, before_ms=now + 21, limit=1) == 1  # bounded
+    assert set(space(T).dead) == {"c"} and space(T).meta == {"a:c": "1", "e:c": "ec"}
+    assert scripts.purge_dead_before(client, k, before_ms=now, limit=10) == 0
+
+
 @pytest.mark.parametrize("where", ["store", "prepare", "dead"])
 def test_cancel_finds_the_job_in_any_set(client, k, space, lease, now, where):
     scripts.enqueue(client, k, [(now, "j")])

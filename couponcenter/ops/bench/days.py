@@ -1,0 +1,714 @@
+"""``bench_days``: D days of a campaign calendar, compressed in time, against the production
+processes, with autovacuum on (docs/performance.md, "Day 100 as fast as day 1").
+
+Each simulated day:
+
+- **claims**: ``claims`` user coupons of the day's coupon, each with its expiry task (loaded in
+  bulk, as ``bench_expiry`` loads them); a tenth are used during the day;
+- **the night**: the rest expire, swept by ``SWEEPERS`` processes running the sweeper's code
+  path (``expiry_sweep_due``); the sweep rate is expired coupons per second;
+- **a reminder burst**: ``reminders`` subscriptions due in the same second, claimed by the
+  reminder worker and written to the inbox by the Celery worker (both production processes,
+  ``reminders.bench.processes``); the rate is reminders in the inbox per second from the due
+  second;
+- **order timeouts**: ``timeouts`` http jobs created in bulk (the creation rate), four in five
+  cancelled by the service, the rest fired by the reminder worker at a local receiver (the firing
+  rate, from the due second to the last one processed);
+- **retention**: ``day_retention`` (below), the app's retention and partition maintenance.
+
+Compressed time. The hot paths run on the real clock: the production processes fire what is due
+now, and a reminder due days ago would be dropped as hopeless. So each day runs now, and once its
+rows are final (every coupon expired or used, every job fired or cancelled, every reminder sent)
+they are *re-dated*: every timestamp of the day's rows moves back by ``D - d`` days, and the
+retention of day ``d`` runs with ``now = real now - (D - d) days``. The rows of day ``d - k`` are
+then ``k`` days old to it, as in a calendar of D days that ends today. The re-dating is the
+benchmark's own ``UPDATE`` of each of the day's rows, once: it leaves one dead version of each row
+for autovacuum, on top of the hot paths' own (the figures include it; BENCHMARKS.md says so).
+
+The production processes run their own retention on the real clock; the bench processes are
+started with ``RETENTION_EVERY_S`` at its maximum (a day), so within a run the retention is the
+one this harness calls with the simulated ``now``.
+
+Every row it makes is marked (its coupons' name, user ids from ``USER_BASE``, its timeout topic)
+and deleted at the end, with its Redis keys; the live retention settings and ``autovacuum`` are
+restored whatever happens (``autovacuum_on``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from queue import Empty
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import CommandError
+from django.db import connection, models, transaction
+from django.utils import timezone
+
+from couponcenter.core.redis import get_redis
+from couponcenter.coupons.bench.progress import Progress
+from couponcenter.coupons.models import Coupon, UserCoupon
+from couponcenter.ops.bench import sweeper_child
+from couponcenter.ops.bench.report import DAYS_RATE_KEEPS as RATE_KEEPS
+from couponcenter.ops.bench.report import DAYS_SIZE_GROWS as SIZE_GROWS
+from expiry import services as expiry_services
+from expiry.models import ExpirySettings, ExpiryTask
+from expiry.retention import expiry_retention
+from reminders.bench.end_to_end import prestage_window
+from reminders.bench.processes import bench_processes, receiver_process
+from reminders.bench.tables import delete_keys
+from reminders.engine import queue
+from reminders.engine.clock import epoch_ms
+from reminders.engine.keys import slot_for
+from reminders.members import REMINDER_TOPIC, member
+from reminders.models import (
+    Notification,
+    ReminderSettings,
+    ReminderSubscription,
+    TimeoutJob,
+    TimeoutTopic,
+)
+from reminders.selectors import reminder_settings_get
+from reminders.services import (
+    reminder_settings_save,
+    timeout_job_cancel,
+    timeout_jobs_bulk_create,
+    timeout_jobs_rebuild,
+    timeout_topic_save,
+)
+from reminders.services.retention import reminders_retention
+
+COUPON_NAME = "__bench_days__"
+TOPIC = "bench.days"
+USER_BASE = 9_500_000_000  # the reminders' users, far from real ones; each day its own range
+SWEEPERS = 2
+USED_EVERY = 10  # one claim in ten is used during the day; the night expires the rest
+CANCEL_OF_FIVE = 4  # four timeout jobs in five are cancelled, the fifth fires
+CHUNK = 10_000
+WAIT_S = 600  # the longest a phase may take before the run gives up
+
+# The tables a day writes, each with the rows the bench made (its markers), for sizes, dead
+# tuples, the re-dating and the final cleanup.
+TABLES: tuple[type[models.Model], ...] = (
+    Coupon,
+    UserCoupon,
+    ExpiryTask,
+    ReminderSubscription,
+    Notification,
+    TimeoutJob,
+)
+RATES = ("expiry_sweep", "inbox_burst", "timeout_create", "timeout_fire")
+# The live retention settings the run sets to ``retention_days`` (and restores).
+RETENTION_FIELDS: dict[type[models.Model], tuple[str, ...]] = {
+    ExpirySettings: ("retention", "user_coupon_retention"),
+    ReminderSettings: (
+        "timeout_job_retention",
+        "notification_read_retention",
+        "notification_unread_retention",
+        "subscription_retention",
+        "dead_letter_retention",
+    ),
+}
+# Dead tuples under this share of live tuples on the partitioned tables (issue 28's target).
+DEAD_SHARE = 0.10
+
+
+def day_retention(now: datetime) -> dict[str, int]:
+    """The apps' retention passes (and, where the tables are partitioned, their partition upkeep),
+    one each, as of ``now``: what the sweeper and the reminder worker run on their own schedule,
+    called here once per simulated day. Returns the rows removed by retention name; a pass that
+    failed raises (a benchmark must not go on as if it had removed nothing)."""
+    runs = [*expiry_retention(now=now), *reminders_retention(now=now)]
+    failed = [f"{run.name}: {run.error}" for run in runs if run.error]
+    if failed:
+        raise CommandError("retention failed: " + "; ".join(failed))
+    return {run.name: run.removed for run in runs}
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    days: int
+    retention_days: int
+    claims: int
+    reminders: int
+    timeouts: int
+
+
+def run(
+    shape: Shape,
+    *,
+    progress: Progress | None = None,
+    say: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """The whole calendar; the result (per day, the ratios and the targets)."""
+    if connection.vendor != "postgresql":
+        raise RuntimeError("bench_days needs PostgreSQL (autovacuum, table sizes, dead tuples)")
+    progress = progress or (lambda what, done, total: None)
+    prefix = f"ccbench-{uuid.uuid4().hex[:8]}"
+    delivery_queue = f"bench-{uuid.uuid4().hex[:8]}"
+    saved = settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE
+    settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE = prefix, delivery_queue
+    days: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"shape": shape.__dict__, "days": days}
+    try:
+        _cleanup()
+        with (
+            autovacuum_on(say) as autovacuum,
+            retention_settings(timedelta(days=shape.retention_days)),
+            _environ(WEBHOOK_ALLOW_PRIVATE="1", RETENTION_EVERY_S="86400"),
+            receiver_process() as receiver,
+        ):
+            result["autovacuum"] = autovacuum
+            _topic(receiver)
+            log_dir = str(settings.VAR_DIR)
+            # The burst without pre-staging: its rate is the pipeline's, due second to inbox.
+            with bench_processes(prefix, delivery_queue, log_dir=log_dir), prestage_window(0):
+                # Partitions for the first simulated day exist before its rows are re-dated.
+                day_retention(_simulated_now(1, shape) - timedelta(days=1))
+                for day in range(1, shape.days + 1):
+                    figures = _day(day, shape, progress)
+                    days.append(figures)
+                    say(day_line(figures))
+                    progress("days", day, shape.days)
+    finally:
+        try:
+            _cleanup()
+        except Exception as exc:  # the run's own error, if any, is the one to raise
+            say(f"the bench rows were not all deleted ({exc}); the next run deletes them first")
+        delete_keys(prefix)
+        settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE = saved
+    result.update(summary(days, shape))
+    return result
+
+
+def _simulated_now(day: int, shape: Shape) -> datetime:
+    return timezone.now() - timedelta(days=shape.days - day)
+
+
+def _day(day: int, shape: Shape, progress: Progress) -> dict[str, Any]:
+    marks = {model: _max_pk(model) for model in TABLES}
+    figures: dict[str, Any] = {"day": day}
+    figures["expiry_sweep_per_s"], figures["expired"] = _claims_and_night(day, shape, progress)
+    figures["inbox_burst_per_s"], figures["inbox"] = _reminder_burst(day, shape, progress)
+    timeouts = _order_timeouts(day, shape, progress)
+    figures.update(timeouts)
+    back = timedelta(days=shape.days - day)
+    _redate(marks, back)
+    figures["retention_removed"] = day_retention(timezone.now() - back)
+    figures["tables"] = table_stats()
+    return figures
+
+
+# --- claims and the night ------------------------------------------------------------------------
+
+_CLAIMS_SQL = """
+WITH uc AS (
+    INSERT INTO couponcenter_usercoupon
+        (coupon_id, user_id, seq, status, claimed_at, expires_at)
+    SELECT %(coupon)s, g, 1, 'unused', %(claimed)s, %(due)s FROM generate_series(%(lo)s, %(hi)s) g
+    RETURNING id, user_id
+)
+INSERT INTO expiry_expirytask (user_coupon_id, expire_at, status, created_at, updated_at)
+SELECT id, %(due)s, 'pending', %(claimed)s, %(claimed)s FROM uc
+"""
+
+
+def _claims_and_night(day: int, shape: Shape, progress: Progress) -> tuple[int, int]:
+    now = timezone.now()
+    coupon = Coupon.objects.create(
+        name=f"{COUPON_NAME} claims {day}",
+        claim_opens_at=now - timedelta(hours=1),
+        claim_closes_at=now,
+        total_stock=shape.claims,
+        valid_for=timedelta(hours=1),
+    )
+    for lo in range(1, shape.claims + 1, CHUNK):
+        hi = min(lo + CHUNK - 1, shape.claims)
+        params = {"coupon": coupon.pk, "claimed": now - timedelta(hours=1), "due": now}
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(_CLAIMS_SQL, {**params, "lo": lo, "hi": hi})
+        progress(f"day {day}: claims", hi, shape.claims)
+    Coupon.objects.filter(pk=coupon.pk).update(claimed_count=shape.claims)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {UserCoupon._meta.db_table} SET status = %s, used_at = %s "
+            "WHERE coupon_id = %s AND user_id %% %s = 0",
+            [UserCoupon.Status.USED, now, coupon.pk, USED_EVERY],
+        )
+    expected = UserCoupon.objects.filter(coupon=coupon, status=UserCoupon.Status.UNUSED).count()
+    seconds = _sweep(timezone.now())
+    expired = UserCoupon.objects.filter(coupon=coupon, status=UserCoupon.Status.EXPIRED).count()
+    pending = ExpiryTask.objects.filter(
+        user_coupon__coupon=coupon, status=ExpiryTask.Status.PENDING
+    ).count()
+    if expired != expected or pending:
+        raise AssertionError(f"day {day}: {expired} of {expected} expired, {pending} pending")
+    return round(expired / seconds), expired
+
+
+def _sweep(now: datetime) -> float:
+    """``SWEEPERS`` processes sweeping what is due at ``now``, released together; the seconds
+    until all are done. Spawned, not forked: this process talks to Celery's broker, and a fork
+    after that can hang in kombu's after-fork cleanup."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, start, results = ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [
+        ctx.Process(target=sweeper_child.sweep, args=(now, ready, start, results), daemon=True)
+        for _ in range(SWEEPERS)
+    ]
+    try:
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + WAIT_S
+        for _ in procs:
+            while True:
+                with contextlib.suppress(Empty):
+                    ready.get(timeout=0.5)
+                    break
+                if any(p.exitcode for p in procs) or time.monotonic() > deadline:
+                    raise RuntimeError("a sweeper process did not start; see its traceback above")
+        started = time.perf_counter()
+        start.set()
+        for _ in procs:
+            results.get(timeout=WAIT_S)
+        seconds = time.perf_counter() - started
+    finally:
+        # On an error or Ctrl-C too: a sweeper still waiting for the start would hold the exit.
+        for proc in procs:
+            if proc.is_alive() and not start.is_set():
+                proc.terminate()
+            proc.join()
+    if any(proc.exitcode for proc in procs):
+        raise RuntimeError("a sweeper process failed; see its traceback above")
+    return max(seconds, 1e-3)
+
+
+# --- the reminder burst --------------------------------------------------------------------------
+
+
+def _reminder_burst(day: int, shape: Shape, progress: Progress) -> tuple[int, int]:
+    users = USER_BASE + day * shape.reminders
+    coupon = Coupon.objects.create(
+        name=f"{COUPON_NAME} reminders {day}",
+        claim_opens_at=timezone.now() + timedelta(hours=1),
+        total_stock=shape.reminders,
+        valid_for=timedelta(days=1),
+    )
+    slots = reminder_settings_get().slots
+    due = timezone.now() + timedelta(seconds=shape.reminders / 5_000 + 3)
+    for lo in range(0, shape.reminders, CHUNK):
+        ReminderSubscription.objects.bulk_create(
+            ReminderSubscription(
+                coupon=coupon, user_id=users + i, remind_at=due, slot=slot_for(users + i, slots)
+            )
+            for i in range(lo, min(lo + CHUNK, shape.reminders))
+        )
+        progress(f"day {day}: subscriptions", min(lo + CHUNK, shape.reminders), shape.reminders)
+    subs = ReminderSubscription.objects.filter(coupon=coupon).values_list("pk", "slot")
+    if timezone.now() + timedelta(seconds=len(subs) / 50_000 + 1) > due:
+        # The machine was slower than planned: the burst falls due a little later instead.
+        due = timezone.now() + timedelta(seconds=len(subs) / 50_000 + 2)
+        ReminderSubscription.objects.filter(coupon=coupon).update(remind_at=due)
+    queue.schedule_many(REMINDER_TOPIC, [(member(pk), epoch_ms(due), slot) for pk, slot in subs])
+    if timezone.now() >= due:
+        raise RuntimeError(f"day {day}: the burst was scheduled after its due second")
+    inbox = Notification.objects.filter(user_id__range=(users, users + shape.reminders - 1))
+    done = _wait(f"day {day}: inbox", inbox.count, shape.reminders, progress)
+    return round(shape.reminders / max(done - due.timestamp(), 1e-3)), inbox.count()
+
+
+# --- order timeouts ------------------------------------------------------------------------------
+
+
+def _topic(receiver: str) -> None:
+    TimeoutTopic.objects.filter(name=TOPIC).delete()
+    timeout_topic_save(
+        topic=TimeoutTopic(name=TOPIC),
+        type="http",
+        target=f"{receiver}/fast",
+        secret=secrets.token_urlsafe(32),
+        allow_http=True,
+        concurrency=16,
+    )
+
+
+def _order_timeouts(day: int, shape: Shape, progress: Progress) -> dict[str, Any]:
+    far = timezone.now() + timedelta(hours=1)
+    started = time.perf_counter()
+    for lo in range(0, shape.timeouts, CHUNK):
+        timeout_jobs_bulk_create(
+            [
+                {"topic": TOPIC, "biz_type": "order", "biz_id": f"d{day}-{i}", "action_time": far}
+                for i in range(lo, min(lo + CHUNK, shape.timeouts))
+            ]
+        )
+        progress(f"day {day}: timeouts created", min(lo + CHUNK, shape.timeouts), shape.timeouts)
+    create_s = max(time.perf_counter() - started, 1e-3)
+    jobs = TimeoutJob.objects.filter(topic=TOPIC, biz_id__startswith=f"d{day}-").order_by("pk")
+    cancel = [job for i, job in enumerate(jobs) if i % 5 < CANCEL_OF_FIVE]
+    for n, job in enumerate(cancel, 1):
+        with transaction.atomic():
+            timeout_job_cancel(job=job)
+        if n % 500 == 0 or n == len(cancel):
+            progress(f"day {day}: timeouts cancelled", n, len(cancel))
+    # The rest falls due in a few seconds, in the database and in Redis (as an operator's
+    # reschedule would): the firing rate runs from that second to the last one processed.
+    due = timezone.now() + timedelta(seconds=3)
+    fire = shape.timeouts - len(cancel)
+    TimeoutJob.objects.filter(topic=TOPIC, status=TimeoutJob.Status.PENDING).update(action_time=due)
+    _forget_topic_keys()
+    timeout_jobs_rebuild()
+    processed = TimeoutJob.objects.filter(
+        topic=TOPIC, biz_id__startswith=f"d{day}-", status=TimeoutJob.Status.PROCESSED
+    )
+    done = _wait(f"day {day}: timeouts fired", processed.count, fire, progress)
+    return {
+        "timeout_create_per_s": round(shape.timeouts / create_s),
+        "timeout_fire_per_s": round(fire / max(done - due.timestamp(), 1e-3)),
+        "timeouts_cancelled": len(cancel),
+        "timeouts_fired": processed.count(),
+    }
+
+
+def _forget_topic_keys() -> None:
+    client = get_redis()
+    for key in client.scan_iter(match=f"{settings.REDIS_KEY_PREFIX}:{{{TOPIC}:*", count=1000):
+        client.delete(key)
+
+
+def _wait(what: str, done: Callable[[], int], total: int, progress: Progress) -> float:
+    """Poll ``done()`` until it reaches ``total``; the wall time then."""
+    deadline = time.monotonic() + WAIT_S
+    while (n := done()) < total:
+        progress(what, n, total)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: {n} of {total} after {WAIT_S} s")
+        time.sleep(0.02)  # the figures' resolution
+    progress(what, n, total)
+    return time.time()
+
+
+# --- compressed time -----------------------------------------------------------------------------
+
+
+def _max_pk(model: type[models.Model]) -> int:
+    return model.objects.aggregate(m=models.Max("pk"))["m"] or 0
+
+
+def _marker(model: type[models.Model]) -> tuple[str, list[Any]]:
+    """SQL that picks the bench's own rows of ``model``'s table."""
+    coupons = f"SELECT id FROM {Coupon._meta.db_table} WHERE name LIKE %s"
+    like = [f"{COUPON_NAME}%"]
+    if model is Coupon:
+        return "name LIKE %s", like
+    if model is UserCoupon:
+        return f"coupon_id IN ({coupons})", like
+    if model is ExpiryTask:
+        return (
+            f"user_coupon_id IN (SELECT id FROM {UserCoupon._meta.db_table} "
+            f"WHERE coupon_id IN ({coupons}))",
+            like,
+        )
+    if model is ReminderSubscription:
+        return f"coupon_id IN ({coupons})", like
+    if model is Notification:
+        return "user_id >= %s", [USER_BASE]
+    return "topic = %s", [TOPIC]
+
+
+def _redate(marks: dict[type[models.Model], int], back: timedelta) -> None:
+    """Every timestamp of the day's rows (the bench's, newer than ``marks``) ``back`` earlier."""
+    if not back:
+        return
+    for model in TABLES:
+        columns = [
+            f.column
+            for f in model._meta.concrete_fields
+            if isinstance(f, models.DateTimeField) and not f.primary_key
+        ]
+        where, params = _marker(model)
+        sets = ", ".join(f"{c} = {c} - %s" for c in columns)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {model._meta.db_table} SET {sets} "
+                f"WHERE {model._meta.pk.column} > %s AND {where}",
+                [*[back] * len(columns), marks[model], *params],
+            )
+
+
+# --- sizes and dead tuples -----------------------------------------------------------------------
+
+
+def table_stats() -> dict[str, dict[str, Any]]:
+    """Per table (a partitioned one summed over its partitions): heap and index bytes, live and
+    dead tuples (``pg_stat_user_tables``, which the statistics collector updates within a
+    second or so of each commit), and whether it is partitioned."""
+    stats: dict[str, dict[str, Any]] = {}
+    with connection.cursor() as cursor:
+        for model in TABLES:
+            table = model._meta.db_table
+            cursor.execute(
+                """SELECT coalesce(sum(pg_table_size(t.relid)), 0),
+                          coalesce(sum(pg_indexes_size(t.relid)), 0),
+                          coalesce(sum(s.n_live_tup), 0), coalesce(sum(s.n_dead_tup), 0),
+                          bool_or(c.relkind = 'p')
+                   FROM (SELECT relid FROM pg_partition_tree(%s::regclass)
+                         UNION SELECT %s::regclass) t
+                   JOIN pg_class c ON c.oid = t.relid
+                   LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid""",
+                [table, table],
+            )
+            heap, index, live, dead, partitioned = cursor.fetchone()
+            stats[table] = {
+                "table_bytes": int(heap),
+                "index_bytes": int(index),
+                "live_tuples": int(live),
+                "dead_tuples": int(dead),
+                "partitioned": bool(partitioned),
+            }
+    return stats
+
+
+def _total_bytes(day: dict[str, Any]) -> int:
+    return sum(t["table_bytes"] + t["index_bytes"] for t in day["tables"].values())
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+def summary(days: list[dict[str, Any]], shape: Shape) -> dict[str, Any]:
+    """The ratios and the targets: the last day's rates over the first's; the total size of the
+    last day over the first day at full retention (day ``retention_days + 1``); the largest
+    share of dead tuples seen, per table."""
+    if not days:
+        return {}
+    first, last = days[0], days[-1]
+    keeps = {
+        rate: round(last[f"{rate}_per_s"] / first[f"{rate}_per_s"], 3)
+        if first[f"{rate}_per_s"]
+        else None
+        for rate in RATES
+    }
+    steady_day = min(shape.retention_days + 1, len(days))
+    steady = _total_bytes(days[steady_day - 1])
+    grows = round(_total_bytes(last) / steady, 3) if steady else None
+    dead: dict[str, float] = {}
+    for day in days:
+        for table, t in day["tables"].items():
+            share = t["dead_tuples"] / t["live_tuples"] if t["live_tuples"] else 0.0
+            dead[table] = round(max(dead.get(table, 0.0), share), 3)
+    partitioned = [t for t, s in last["tables"].items() if s["partitioned"]]
+    return {
+        "day_last_of_first": keeps,
+        "steady_day": steady_day,
+        "table_bytes_steady": steady,
+        "table_bytes_last": _total_bytes(last),
+        "table_bytes_last_of_steady": grows,
+        "dead_share_max": dead,
+        "targets": {
+            "day_last_of_first": f">= {RATE_KEEPS}",
+            "table_bytes_last_of_steady": f"<= {SIZE_GROWS}",
+            "dead_share_max": f"< {DEAD_SHARE} on the partitioned tables",
+        },
+        "met": {
+            **{
+                f"day_last_of_first.{r}": k is not None and k >= RATE_KEEPS
+                for r, k in keeps.items()
+            },  # fmt: skip
+            "days_at_least_3x_retention": shape.days >= 3 * shape.retention_days,
+            "table_bytes_last_of_steady": grows is not None and grows <= SIZE_GROWS,
+            "dead_share_max": all(dead[t] < DEAD_SHARE for t in partitioned)
+            if partitioned
+            else None,
+        },
+        "partitioned_tables": partitioned,
+    }
+
+
+def day_line(day: dict[str, Any]) -> str:
+    total = _total_bytes(day) / 2**20
+    dead = sum(t["dead_tuples"] for t in day["tables"].values())
+    live = sum(t["live_tuples"] for t in day["tables"].values())
+    return (
+        f"day {day['day']}: sweep {day['expiry_sweep_per_s']:,}/s, inbox "
+        f"{day['inbox_burst_per_s']:,}/s, timeouts created {day['timeout_create_per_s']:,}/s "
+        f"fired {day['timeout_fire_per_s']:,}/s; tables {total:,.1f} MiB, dead tuples "
+        f"{dead:,} of {live:,} live; retention removed {day['retention_removed']}"
+    )
+
+
+def report_lines(result: dict[str, Any]) -> list[str]:
+    """The run as text: the autovacuum note, a table per day, the ratios beside their targets."""
+    lines = [result.get("autovacuum", ""), ""]
+    lines.append("| day | " + " | ".join(f"{r} /s" for r in RATES) + " | MiB | dead / live |")
+    lines.append("| --- " * (len(RATES) + 3) + "|")
+    for day in result["days"]:
+        tables = day["tables"].values()
+        dead = sum(t["dead_tuples"] for t in tables)
+        live = sum(t["live_tuples"] for t in tables)
+        rates = " | ".join(f"{day[f'{r}_per_s']:,}" for r in RATES)
+        lines.append(
+            f"| {day['day']} | {rates} | {_total_bytes(day) / 2**20:,.1f} | {dead:,} / {live:,} |"
+        )
+    lines += ["", "| table | heap MiB | index MiB | live | dead (last day) | max dead share |"]
+    lines.append("| --- " * 6 + "|")
+    last = result["days"][-1]["tables"] if result["days"] else {}
+    for table, t in last.items():
+        mark = " (partitioned)" if t["partitioned"] else ""
+        lines.append(
+            f"| {table}{mark} | {t['table_bytes'] / 2**20:,.1f} | {t['index_bytes'] / 2**20:,.1f} "
+            f"| {t['live_tuples']:,} | {t['dead_tuples']:,} | {result['dead_share_max'][table]} |"
+        )
+    met = result.get("met", {})
+
+    def verdict(key: str) -> str:
+        value = met.get(key)
+        return "n/a" if value is None else ("met" if value else "NOT MET")
+
+    lines.append("")
+    for rate, ratio in result.get("day_last_of_first", {}).items():
+        lines.append(
+            f"{rate}: last day / first day = {ratio} (target >= {RATE_KEEPS}): "
+            f"{verdict(f'day_last_of_first.{rate}')}"
+        )
+    lines.append(
+        f"total size: last day / day {result.get('steady_day')} (first at full retention) = "
+        f"{result.get('table_bytes_last_of_steady')} (target <= {SIZE_GROWS}): "
+        f"{verdict('table_bytes_last_of_steady')}"
+    )
+    partitioned = result.get("partitioned_tables") or []
+    lines.append(
+        f"dead tuples under {DEAD_SHARE:.0%} of live on the partitioned tables "
+        f"({', '.join(partitioned) or 'none here'}): {verdict('dead_share_max')}"
+    )
+    lines.append(
+        f"days >= 3 x retention ({result['shape']['days']} >= 3 x "
+        f"{result['shape']['retention_days']}): {verdict('days_at_least_3x_retention')}"
+    )
+    return lines
+
+
+# --- what the run changes and puts back ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def autovacuum_on(say: Callable[[str], None]) -> Iterator[str]:
+    """``autovacuum = on`` for the run (``ALTER SYSTEM`` and a reload: the server's, so every
+    database on it), and the setting as it was afterwards, on an error or Ctrl-C too. Yields the
+    sentence the report prints."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        before = cursor.fetchone()[0]
+        cursor.execute(
+            "SELECT setting FROM pg_file_settings WHERE name = 'autovacuum' "
+            "AND sourcefile LIKE '%%postgresql.auto.conf' ORDER BY seqno DESC LIMIT 1"
+        )
+        row = cursor.fetchone()
+        own = row[0] if row else None
+        if before != "on":
+            cursor.execute("ALTER SYSTEM SET autovacuum = on")
+            cursor.execute("SELECT pg_reload_conf()")
+            _until_setting("on")
+    note = (
+        "autovacuum was on already (as in production)"
+        if before == "on"
+        else "autovacuum switched on for this run (ALTER SYSTEM, as in production); "
+        f"it was {before}, and is put back afterwards"
+    )
+    say(note)
+    try:
+        yield note
+    finally:
+        if before != "on":
+            with connection.cursor() as cursor:
+                if own is None:
+                    cursor.execute("ALTER SYSTEM RESET autovacuum")
+                else:
+                    cursor.execute(
+                        f"ALTER SYSTEM SET autovacuum = {'on' if own == 'on' else 'off'}"
+                    )
+                cursor.execute("SELECT pg_reload_conf()")
+            _until_setting(before)
+            say(f"autovacuum put back: {before}")
+
+
+def _until_setting(value: str) -> None:
+    """Until this session sees ``autovacuum`` at ``value`` (a reload reaches it within moments)."""
+    deadline = time.monotonic() + 10
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW autovacuum")
+            if cursor.fetchone()[0] == value:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"autovacuum did not become {value} after pg_reload_conf()")
+        time.sleep(0.05)  # polls the setting
+
+
+@contextlib.contextmanager
+def retention_settings(retention: timedelta) -> Iterator[None]:
+    """Every live retention field set to ``retention``; the operator's put back."""
+    saved: list[tuple[models.Model, dict[str, Any]]] = []
+    try:
+        for model, fields in RETENTION_FIELDS.items():
+            row = model.objects.order_by("pk").first() or model.objects.create()
+            saved.append((row, {f: getattr(row, f) for f in fields}))
+            _settings_save(row, dict.fromkeys(fields, retention))
+        yield
+    finally:
+        for row, values in saved:
+            row.refresh_from_db()
+            _settings_save(row, values)
+
+
+def _settings_save(row: models.Model, values: dict[str, Any]) -> None:
+    for name, value in values.items():
+        setattr(row, name, value)
+    if isinstance(row, ReminderSettings):
+        reminder_settings_save(instance=row)
+    else:
+        expiry_services.expiry_settings_save(instance=row)
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """Environment variables for the processes started inside (they copy this one's)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _cleanup() -> None:
+    """Every row the bench made (also at the start: a run that was killed left its own), in
+    batches, children first."""
+    for model in (Notification, TimeoutJob, ExpiryTask, ReminderSubscription, UserCoupon, Coupon):
+        where, params = _marker(model)
+        table, pk = model._meta.db_table, model._meta.pk.column
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"DELETE FROM {table} WHERE {pk} IN "
+                    f"(SELECT {pk} FROM {table} WHERE {where} LIMIT 50000)",
+                    params,
+                )
+                if cursor.rowcount < 50_000:
+                    break
+    TimeoutTopic.objects.filter(name=TOPIC).delete()

@@ -1,0 +1,26 @@
+"""A sweeper process of ``bench_days``'s night, spawned (not forked): it imports nothing of
+Django's models before ``django.setup()``, as a spawned child must."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+
+
+def sweep(now: datetime, ready, start, results) -> None:
+    """Ready, then at the start signal the sweeper's code path over what is due at ``now``."""
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from expiry.services import expiry_sweep_due
+
+    parent = os.getppid()
+    ready.put(1)
+    while not start.wait(1):
+        if os.getppid() != parent:
+            return  # the run was killed before the night began: nothing to sweep for
+    totals = expiry_sweep_due(now=now)
+    results.put(totals.expired)
+    connection.close()

@@ -1,0 +1,68 @@
+"""D days of a campaign calendar, compressed in time, against the production processes."""
+
+import json
+import signal
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+
+from couponcenter.coupons.bench.progress import progress_bars
+from couponcenter.ops.bench import days
+
+
+class Command(BaseCommand):
+    help = (
+        "Replay D days of a campaign calendar (claims and their nightly expiry, a reminder burst, "
+        "order timeouts created, cancelled and fired, retention) with autovacuum on; per day the "
+        "rates, every table's size and its dead tuples; the last day against the first."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--days", type=int, default=12, help="D, at least 3 x the retention")
+        parser.add_argument(
+            "--retention-days", type=int, default=4, help="every live retention, for the run"
+        )
+        parser.add_argument("--claims", type=int, default=100_000, help="claims a day")
+        parser.add_argument("--reminders", type=int, default=50_000, help="the day's burst")
+        parser.add_argument("--timeouts", type=int, default=10_000, help="order timeouts a day")
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def handle(self, *args, **options):
+        shape = days.Shape(
+            days=options["days"],
+            retention_days=options["retention_days"],
+            claims=options["claims"],
+            reminders=options["reminders"],
+            timeouts=options["timeouts"],
+        )
+        _check(shape)
+        if not settings.DEBUG:
+            raise CommandError("bench_days loads and deletes data: run it with DEBUG=1")
+        if connection.vendor != "postgresql":
+            raise CommandError("bench_days needs PostgreSQL (autovacuum, sizes, dead tuples)")
+        # SIGTERM unwinds like Ctrl-C: autovacuum and the live settings are put back either way.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        with progress_bars(self.stderr._out) as progress:
+            result = days.run(shape, progress=progress, say=self.stderr.write)
+        if options["json"]:
+            self.stdout.write(json.dumps(result, default=str))
+            return
+        self.stdout.write("\n".join(days.report_lines(result)))
+
+
+def _check(shape: days.Shape) -> None:
+    if not 1 <= shape.retention_days <= 60:
+        raise CommandError("--retention-days must be within 1..60")
+    if not 3 * shape.retention_days <= shape.days <= 400:
+        raise CommandError(
+            f"--days must be at least 3 x --retention-days ({3 * shape.retention_days}) "
+            "and at most 400"
+        )
+    for name, value, low in (
+        ("claims", shape.claims, 10),
+        ("reminders", shape.reminders, 10),
+        ("timeouts", shape.timeouts, 5),
+    ):
+        if not low <= value <= 10_000_000:
+            raise CommandError(f"--{name} must be within {low:,}..10,000,000")

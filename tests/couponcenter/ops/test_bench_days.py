@@ -1,0 +1,148 @@
+"""``bench_days`` in a tiny form, for real: the production processes started beside it, real
+PostgreSQL (autovacuum switched on and put back) and Redis. Its figures come from work done each
+day (every claim expired or used, every reminder in the inbox, every timeout cancelled or fired,
+the day before's expiry tasks removed by retention once re-dated); speed is never asserted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from couponcenter.core.retention import table_partitioned
+from couponcenter.coupons.bench.http import database_url
+from couponcenter.coupons.models import Coupon, UserCoupon
+from couponcenter.ops.bench import days
+from expiry.models import ExpirySettings, ExpiryTask
+from expiry.services import expiry_settings_get
+from reminders.models import Notification, TimeoutJob, TimeoutTopic
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+SHAPE = days.Shape(days=3, retention_days=1, claims=200, reminders=60, timeouts=25)
+
+
+def _autovacuum() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
+    monkeypatch, reminder_settings
+):
+    # The processes it starts (reminder worker, Celery, the spawned sweepers) use this database.
+    monkeypatch.setenv("DATABASE_URL", database_url())
+    ExpirySettings.objects.all().delete()
+    retention_before = expiry_settings_get(max_age_s=0).retention
+    autovacuum_before = _autovacuum()
+    said: list[str] = []
+
+    result = days.run(SHAPE, say=said.append)
+
+    assert [d["day"] for d in result["days"]] == [1, 2, 3]
+    used = SHAPE.claims // days.USED_EVERY
+    fired = SHAPE.timeouts // 5
+    for day in result["days"]:
+        assert day["expired"] == SHAPE.claims - used  # the night expired every unused claim
+        assert day["inbox"] == SHAPE.reminders
+        assert (day["timeouts_cancelled"], day["timeouts_fired"]) == (SHAPE.timeouts - fired, fired)
+        for rate in days.RATES:
+            assert day[f"{rate}_per_s"] > 0
+        assert set(day["tables"]) == {m._meta.db_table for m in days.TABLES}
+        for stats in day["tables"].values():
+            assert set(stats) == {
+                "table_bytes", "index_bytes", "live_tuples", "dead_tuples", "partitioned"
+            }  # fmt: skip
+        assert day["tables"][UserCoupon._meta.db_table]["table_bytes"] > 0
+    # Retention (one day) removes the day before's processed tasks, re-dated a day back, each day.
+    removed = [d["retention_removed"][ExpiryTask._meta.db_table] for d in result["days"]]
+    if table_partitioned(ExpiryTask._meta.db_table):
+        # Whole days go when the day is past the retention, up to a day later than its rows
+        # would one by one; by then the user coupons' retention (one day too) has taken each
+        # task with its coupon (CASCADE), so the days dropped are empty.
+        assert removed == [0, 0, 0]
+    else:
+        assert removed == [0, SHAPE.claims, SHAPE.claims]
+
+    assert set(result["day_last_of_first"]) == set(days.RATES)
+    assert all(ratio > 0 for ratio in result["day_last_of_first"].values())
+    assert result["steady_day"] == 2
+    assert result["table_bytes_last_of_steady"] > 0
+    assert result["met"]["days_at_least_3x_retention"] is True
+    lines = days.report_lines(result)
+    assert any("last day / first day" in line and "target >= 0.9" in line for line in lines)
+    assert any(line.startswith("total size: last day / day 2") for line in lines)
+
+    # It said so, and put autovacuum, the live settings and the database back.
+    if autovacuum_before != "on":
+        assert "autovacuum switched on for this run" in result["autovacuum"]
+        assert f"autovacuum put back: {autovacuum_before}" in said
+    assert _autovacuum() == autovacuum_before
+    assert expiry_settings_get(max_age_s=0).retention == retention_before
+    assert not Coupon.objects.filter(name__startswith=days.COUPON_NAME).exists()
+    assert not TimeoutJob.objects.filter(topic=days.TOPIC).exists()
+    assert not TimeoutTopic.objects.filter(name=days.TOPIC).exists()
+    assert not Notification.objects.filter(user_id__gte=days.USER_BASE).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_autovacuum_and_the_retention_settings_are_put_back_after_a_failure():
+    autovacuum_before = _autovacuum()
+    retention_before = expiry_settings_get(max_age_s=0).retention
+    said: list[str] = []
+    with (
+        pytest.raises(RuntimeError, match="mid-run"),
+        days.autovacuum_on(said.append),
+        days.retention_settings(timedelta(days=1)),
+    ):
+        assert _autovacuum() == "on"
+        assert expiry_settings_get(max_age_s=0).retention == timedelta(days=1)
+        raise RuntimeError("mid-run")
+    assert _autovacuum() == autovacuum_before
+    assert expiry_settings_get(max_age_s=0).retention == retention_before
+    if autovacuum_before != "on":
+        assert said == [
+            "autovacuum switched on for this run (ALTER SYSTEM, as in production); it was "
+            f"{autovacuum_before}, and is put back afterwards",
+            f"autovacuum put back: {autovacuum_before}",
+        ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sigterm_mid_run_puts_autovacuum_back_and_deletes_the_bench_rows(tmp_path):
+    autovacuum_before = _autovacuum()
+    env = {**os.environ, "DEBUG": "1", "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "manage.py", "bench_days", "--days", "3", "--retention-days", "1"]
+    argv += ["--claims", "100", "--reminders", "20", "--timeouts", "10"]
+    err = tmp_path / "stderr"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(argv, cwd=settings.BASE_DIR, env=env, stderr=stderr,
+                                stdout=subprocess.DEVNULL)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 180
+            # Once the first day's claims are in: autovacuum is on and bench rows exist.
+            while not Coupon.objects.filter(name__startswith=days.COUPON_NAME).exists():
+                assert proc.poll() is None, err.read_text()
+                assert time.monotonic() < deadline, err.read_text()
+                time.sleep(0.1)  # polls the database
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    output = err.read_text()
+    assert proc.returncode != 0
+    if autovacuum_before != "on":
+        assert f"autovacuum put back: {autovacuum_before}" in output, output
+    assert _autovacuum() == autovacuum_before
+    assert not Coupon.objects.filter(name__startswith=days.COUPON_NAME).exists()
+    assert not TimeoutTopic.objects.filter(name=days.TOPIC).exists()

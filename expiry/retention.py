@@ -23,7 +23,7 @@ from django.utils import timezone
 from couponcenter.core.retention import RetentionRun, delete_in_batches, retention_run
 from couponcenter.coupons.models import Coupon, UserCoupon
 
-from . import services
+from . import partitioning, services
 from .models import ExpiryTask
 
 # The names the console shows each retention's last run under (and its database table).
@@ -94,6 +94,7 @@ def expiry_retention(
     afresh: an edit applies from the next pass). A database error propagates."""
     config = services.expiry_settings_get(max_age_s=0)
     now = now or timezone.now()
+    partitioning.expiry_partitions_ensure(now=now)  # the days ahead, whatever the retention
 
     def tasks() -> tuple[int, bool]:
         removed = services.expiry_cleanup(
@@ -113,6 +114,11 @@ def expiry_retention(
         )
 
     return [
-        retention_run(EXPIRY_TASKS, retention=config.retention, delete=tasks),
+        retention_run(
+            EXPIRY_TASKS,
+            retention=config.retention,
+            delete=tasks,
+            drop=lambda: partitioning.expiry_partitions_drop(now=now, retention=config.retention),
+        ),
         retention_run(USER_COUPONS, retention=config.user_coupon_retention, delete=user_coupons),
     ]

@@ -34,6 +34,7 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
+from couponcenter.core.db.partitions import partitioned
 from couponcenter.core.durations import MaxDurationValidator, MinDurationValidator
 from couponcenter.core.redis import get_redis
 
@@ -60,13 +61,9 @@ def retention_field(*, days: int, help_text: str = "") -> models.DurationField:
 
 
 def table_partitioned(table: str) -> bool:
-    """Whether ``table`` is partitioned by time, so its retention drops whole partitions.
-
-    The one place the choice is made. Until the partition kernel
-    (``couponcenter.core.db.partitions``) is in the tree no table is partitioned; with it this
-    returns ``partitions.partitioned(table)``.
-    """
-    return False
+    """Whether ``table`` is partitioned by time, so its retention drops whole partitions (on
+    PostgreSQL, once migrated: docs/partitioning.md). The one place the choice is made."""
+    return partitioned(table)
 
 
 # --- one table's pass ----------------------------------------------------------------------------

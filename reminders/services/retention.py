@@ -32,6 +32,8 @@ from reminders.models import Notification, ReminderSettings, ReminderSubscriptio
 from reminders.selectors import reminder_settings_get
 from reminders.selectors.queues import topic_slot_counts
 
+from .notification_partitions import notification_partitions_drop, notification_partitions_ensure
+
 # The names the console shows each retention's last run under; the first three are tables (the
 # partition check asks about them), the notifications' two retentions share their table.
 TIMEOUT_JOBS = TimeoutJob._meta.db_table
@@ -148,9 +150,23 @@ def reminders_retention(
         ),
         (SUBSCRIPTIONS, SUBSCRIPTIONS, live.subscription_retention, subscriptions_aged_out),
     ]
+    # On PostgreSQL notifications go by whole days, both retentions in one drop (each run
+    # offers it; the second finds nothing left), after the days ahead are made.
+    notification_partitions_ensure(now=now)
+    drops = {
+        NOTIFICATIONS: lambda: notification_partitions_drop(
+            now=now,
+            read_retention=live.notification_read_retention,
+            unread_retention=live.notification_unread_retention,
+        )
+    }
     runs = [
         retention_run(
-            name, table=table, retention=retention, delete=batches(rows(live=live, now=now))
+            name,
+            table=table,
+            retention=retention,
+            delete=batches(rows(live=live, now=now)),
+            drop=drops.get(table),
         )
         for name, table, retention, rows in plan
     ]

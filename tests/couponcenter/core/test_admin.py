@@ -1,12 +1,15 @@
-"""The exact-id search of the big lists, through the admins that use it."""
+"""The big lists' helpers: the exact-id search, through the admins that use it, and the
+paginator's estimated count."""
 
 from __future__ import annotations
 
 import pytest
 from django.contrib import admin
+from django.db import connection
 
+from couponcenter.core.admin import ESTIMATE_ABOVE, EstimatedCountPaginator
 from couponcenter.coupons.models import UserCoupon
-from reminders.models import ReminderSubscription
+from reminders.models import Notification, ReminderSubscription
 from tests.support.factories import CouponFactory, UserCouponFactory
 
 pytestmark = pytest.mark.django_db
@@ -45,3 +48,25 @@ def test_the_user_coupon_list_finds_an_end_users_coupons_by_their_exact_id():
     assert _found("42", UserCoupon) == {theirs.pk}
     assert _found(str(mine.pk + theirs.pk + 10_000), UserCoupon) == set()
     assert _found("user 42", UserCoupon) == set()
+
+
+@pytest.mark.postgres
+def test_a_partitioned_tables_unfiltered_count_is_its_partitions_estimate():
+    rows = ESTIMATE_ABOVE + 20_000
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {Notification._meta.db_table} (user_id, dedup_key, kind, title, body, "
+            "payload, created_at, visible_at, push, held) SELECT g, 'k', 'x', '', '', '{}', "
+            "now(), now() - (g %% 3) * interval '1 day', true, false "
+            "FROM generate_series(1, %s) g",
+            [rows],
+        )
+        cursor.execute(f"ANALYZE {Notification._meta.db_table}")
+
+    count = EstimatedCountPaginator(Notification.objects.order_by("-id"), 10).count
+
+    assert abs(count - rows) < rows * 0.05  # the planner's estimate, not the capped count
+    assert (
+        EstimatedCountPaginator(Notification.objects.filter(user_id=1).order_by("-id"), 10).count
+        == 1
+    )

@@ -16,6 +16,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from couponcenter.core.retention import table_partitioned
 from couponcenter.coupons.bench.http import database_url
 from couponcenter.coupons.models import Coupon, UserCoupon
 from couponcenter.ops.bench import days
@@ -64,7 +65,13 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
         assert day["tables"][UserCoupon._meta.db_table]["table_bytes"] > 0
     # Retention (one day) removes the day before's processed tasks, re-dated a day back, each day.
     removed = [d["retention_removed"][ExpiryTask._meta.db_table] for d in result["days"]]
-    assert removed == [0, SHAPE.claims, SHAPE.claims]
+    if table_partitioned(ExpiryTask._meta.db_table):
+        # Whole days go when the day is past the retention, up to a day later than its rows
+        # would one by one; by then the user coupons' retention (one day too) has taken each
+        # task with its coupon (CASCADE), so the days dropped are empty.
+        assert removed == [0, 0, 0]
+    else:
+        assert removed == [0, SHAPE.claims, SHAPE.claims]
 
     assert set(result["day_last_of_first"]) == set(days.RATES)
     assert all(ratio > 0 for ratio in result["day_last_of_first"].values())

@@ -53,10 +53,11 @@ _TAKE_FIELDS = (
     "series_start",
     "traceparent",
 )
-# The rows a take moves (False: SQLite, which locks the whole database, not rows).
+# The rows a take moves (False: SQLite, which locks the whole database, not rows). The status
+# outside the subquery too: it keeps the UPDATE to the live partition (reminders/partition_layout).
 _TAKE_WHERE = {
     True: f"job_id IN (SELECT job_id FROM {TABLE} WHERE job_id IN ({{ids}}) "
-    "AND status IN (%s, %s) FOR UPDATE SKIP LOCKED)",
+    f"AND status IN (%s, %s) FOR UPDATE SKIP LOCKED) AND status IN {tuple(map(int, LIVE))}",
     False: "job_id IN ({ids}) AND status IN (%s, %s)",
 }
 

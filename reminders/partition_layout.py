@@ -19,7 +19,8 @@ The move of an existing table (``partition_*`` steps, one migration operation ea
    its name, the live rows are copied into the live leaf and deleted from the legacy table;
 3. ``prepare_legacy`` (no lock the hot paths take): the legacy table, now finished rows only, gets
    the constraint and indexes of a done partition;
-4. ``attach`` (short: the done leaf's DEFAULT partition is locked while its few rows move): the
+4. ``attach`` (short: the done leaf is locked while the few rows that finished since 2 move out of
+   its DEFAULT partition; statements finishing rows wait for it, those on live rows do not): the
    legacy table becomes the done leaf's partition of today, ``FROM (MINVALUE)``: no row is
    copied, and retention drops it whole once today is past the retention.
 Between 2 and 4 the finished rows of the legacy table are out of sight (seconds per million).
@@ -27,6 +28,8 @@ Between 2 and 4 the finished rows of the legacy table are out of sight (seconds 
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -39,6 +42,8 @@ from couponcenter.core.db.partitions import (
     partition_name,
     partitions_ensure,
 )
+
+logger = logging.getLogger(__name__)
 
 LIVE_SUFFIX = "_live"
 DONE_SUFFIX = "_done"
@@ -247,7 +252,10 @@ def partition_attach(cursor, layout: StatusLayout, *, upper: datetime) -> str:
     name = partition_name(layout.done_leaf, upper - timedelta(days=1))
     if not _exists(cursor, legacy) or _attached(cursor, legacy):
         return name
-    cursor.execute(f"LOCK TABLE {layout.default} IN ACCESS EXCLUSIVE MODE")
+    # The done leaf itself, not only DEFAULT: a statement that had routed a finishing row to
+    # DEFAULT before the attach narrowed it would fail its partition check; held off here, it
+    # routes the row once the attach is committed, into the attached table.
+    cursor.execute(f"LOCK TABLE {layout.done_leaf} IN ACCESS EXCLUSIVE MODE")
     key = layout.finished_at
     cursor.execute(f"INSERT INTO {legacy} SELECT * FROM {layout.default} WHERE {key} < %s", [upper])
     cursor.execute(f"DELETE FROM {layout.default} WHERE {key} < %s", [upper])
@@ -271,18 +279,30 @@ def _attached(cursor, table: str) -> bool:
     return bool(row and row[0])
 
 
-def partition_online(connection, layout: StatusLayout) -> None:
+def partition_online(connection, layout: StatusLayout) -> dict[str, float]:
     """All four steps, each in its own transaction (the migrations' one operation; idempotent:
-    a step done already is skipped, so a migration stopped halfway is run again)."""
+    a step done already is skipped, so a migration stopped halfway is run again). Returns each
+    step's seconds; ``switch`` is how long the hot paths waited."""
     if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        partition_index_live(cursor, layout)
-    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-        partition_switch(cursor, layout)
-    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-        partition_prepare_legacy(cursor, layout, upper=legacy_upper(timezone.now()))
+        return {}
+    seconds: dict[str, float] = {}
+
+    def timed(name: str, step, *, atomic: bool = True) -> None:
+        started = time.perf_counter()
+        if atomic:
+            with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+                step(cursor)
+        else:
+            with connection.cursor() as cursor:
+                step(cursor)
+        seconds[name] = round(time.perf_counter() - started, 3)
+
+    timed("index_live", lambda c: partition_index_live(c, layout), atomic=False)
+    timed("switch", lambda c: partition_switch(c, layout))
+    upper = legacy_upper(timezone.now())
+    timed("prepare_legacy", lambda c: partition_prepare_legacy(c, layout, upper=upper))
     # A later bound than the check's is still implied by it: nothing is scanned.
-    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-        partition_attach(cursor, layout, upper=legacy_upper(timezone.now()))
+    timed("attach", lambda c: partition_attach(c, layout, upper=legacy_upper(timezone.now())))
     partitions_ensure(layout.done_days, now=timezone.now())
+    logger.info("%s partitioned: %s", layout.table, seconds)
+    return seconds

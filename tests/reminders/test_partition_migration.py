@@ -60,7 +60,7 @@ def old_table():
             "CASE g %% %s WHEN 0 THEN 0 WHEN 1 THEN 1 ELSE 2 + g %% 3 END, "
             "now() + interval '1 hour', '{}', g %% 8, 1, '', now() - interval '40 days', "
             "now() - (g %% 30) * interval '1 day', '', '', "
-            "'[{\"attempt\": 1, \"outcome\": \"fired\"}]' FROM generate_series(1, %s) g",
+            '\'[{"attempt": 1, "outcome": "fired"}]\' FROM generate_series(1, %s) g',
             [LIVE_EVERY, ROWS],
         )
         cursor.execute(f"ALTER TABLE {TABLE} ADD CONSTRAINT {TABLE}_pkey PRIMARY KEY (job_id)")
@@ -129,9 +129,9 @@ def test_a_table_of_millions_moves_online_and_keeps_every_row(old_table):
     assert _one(f"SELECT count(*) FROM {LAYOUT.live_leaf}") == before["live"] + 1
     assert _one(f"SELECT count(*) FROM {LAYOUT.live_leaf} WHERE status NOT IN (0, 1)") == 0
     today = partition_name(LAYOUT.done_leaf, _one("SELECT now()"))
-    assert _one(
-        "SELECT relispartition FROM pg_class WHERE oid = to_regclass(%s)", [today]
-    ), "the old table is a partition of the done leaf"
+    assert _one("SELECT relispartition FROM pg_class WHERE oid = to_regclass(%s)", [today]), (
+        "the old table is a partition of the done leaf"
+    )
     assert _one(f"SELECT count(*) FROM {today} WHERE biz_type = 'order'") == (
         before["rows"] - before["live"]
     )

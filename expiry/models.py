@@ -1,5 +1,8 @@
 """The expiry-task table (docs/expiry.md): one small row per claimed coupon, swept in batches.
 
+The indexes below are the SQLite layout. On PostgreSQL the table is partitioned (pending leaf,
+processed tasks by day: ``expiry.partitioning``, docs/partitioning.md) with indexes of its own.
+
 The sweeper never scans ``couponcenter_usercoupon``; it reads due pending rows of this table through
 the partial index over pending rows, ``expirytask_pending_due``. The composite
 ``(expire_at, status)`` cannot replace it: it leads with ``expire_at``, so a sweep through it would

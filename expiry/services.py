@@ -69,8 +69,12 @@ LOCK_TIMEOUT_MS = 5000
 # The fast way of a batch waits this long for a row lock before it rolls back and goes the careful
 # way (module docstring); a redeem holds its coupon for about a millisecond.
 FAST_LOCK_WAIT_MS = 200
-# Row-lock waits that send a batch the careful way: lock_not_available, deadlock_detected.
-_CAREFUL_AFTER = {"55P03", "40P01"}
+# What sends a batch the careful way: a row-lock wait (lock_not_available, deadlock_detected), or
+# a task another transaction moved to the processed partition after the batch read it
+# (serialization_failure: ``expiry.partitioning``).
+_CAREFUL_AFTER = {"55P03", "40P01", "40001"}
+# The careful way is taken again on a fresh snapshot this often when a task moved under it.
+_CAREFUL_ATTEMPTS = 3
 # How long expiry_settings_get() trusts its cached row before re-reading ``updated_at``.
 SETTINGS_CACHE_SECONDS = 5.0
 # Size of the ``IN (...)`` lists on databases without the single-statement path (SQLite).
@@ -192,14 +196,25 @@ def _sweep_batch_postgres(
         if getattr(exc.__cause__, "pgcode", None) not in _CAREFUL_AFTER:
             raise
         logger.info(
-            "expiry: a row lock held a batch up; taking it the careful way (%s)",
+            "expiry: a held row or a moved task stopped a batch; taking it the careful way (%s)",
             str(exc).strip().splitlines()[0],
         )
-        row = batch(careful=True, lock_timeout_ms=LOCK_TIMEOUT_MS)
+        row = _careful(batch)
         return row.seen, row.processed, row.expired, row.ids, row.last, 0, True
     if not row.ours:  # another sweeper holds this batch: move on past it
         return 0, 0, 0, [], row.last, row.seen, False
     return row.seen, row.processed, row.expired, row.ids, row.last, 0, False
+
+
+def _careful(batch: Callable[..., sql.BatchRow]) -> sql.BatchRow:
+    """The careful way; again if a task it locked had moved partition since its snapshot."""
+    for attempt in range(1, _CAREFUL_ATTEMPTS + 1):
+        try:
+            return batch(careful=True, lock_timeout_ms=LOCK_TIMEOUT_MS)
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "pgcode", None) != "40001" or attempt == _CAREFUL_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _sweep_batch_orm(

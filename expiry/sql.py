@@ -122,7 +122,9 @@ SELECT
     coalesce((SELECT ok FROM gate), true)
 """
 
-# The careful way, one statement. ``batch`` locks each due task together with its user coupon
+# The careful way, one statement. ``done`` names the pending status although every task of the
+# batch is locked pending: on the partitioned table (``expiry.partitioning``) that is what keeps the
+# UPDATE to the pending leaf. ``batch`` locks each due task together with its user coupon
 # and skips the pair when either row is locked (by a redeem, or by any long-open transaction), so
 # the LIMIT fills up with rows it can take. Were the coupons locked in a second step, a head of
 # the queue whose coupons are held would be claimed, skipped and claimed again by every batch of a
@@ -144,7 +146,7 @@ WITH batch AS (
     RETURNING id
 ), done AS (
     UPDATE expiry_expirytask SET status = {processed}, updated_at = %(now)s
-    WHERE id = ANY(ARRAY(SELECT id FROM batch))
+    WHERE id = ANY(ARRAY(SELECT id FROM batch)) AND status = {pending}
     RETURNING id
 ), last AS (
     SELECT expire_at, id FROM batch ORDER BY {backwards} LIMIT 1

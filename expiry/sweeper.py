@@ -1,11 +1,12 @@
 """The sweeper process: a loop around ``services.expiry_sweep_due`` and ``expiry_cleanup``.
 
 Each pass re-reads ``ExpirySettings`` (so admin edits apply without a restart), sweeps every due
-task in batches, deletes old processed tasks, and records its figures in Redis. Between passes it
-sleeps until the next task falls due or the interval ends, whichever comes first, measured from
-the start of the pass so the schedule does not drift. ``stop()`` (SIGTERM/SIGINT, wired by the
-command) sets a flag: the batch in flight commits, then the process exits. A failed pass is logged
-and retried on the next one.
+task in batches, deletes old processed tasks (on PostgreSQL: creates the processed-task partitions
+ahead and drops the expired ones, ``partitioning.expiry_partitions_maintain``), and records its
+figures in Redis. Between passes it sleeps until the next task falls due or the interval ends,
+whichever comes first, measured from the start of the pass so the schedule does not drift.
+``stop()`` (SIGTERM/SIGINT, wired by the command) sets a flag: the batch in flight commits, then
+the process exits. A failed pass is logged and retried on the next one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from django.db import Error as DbError
 from django.db import close_old_connections
 from django.utils import timezone
 
-from . import services
+from . import partitioning, services
 from .services import SweepResult, SweepTotals
 
 logger = logging.getLogger(__name__)
@@ -74,9 +75,16 @@ class Sweeper:
             result.totals = totals = services.expiry_sweep_due(
                 batch_size=batch_size, should_stop=self._stop.is_set, progress=self._progress
             )
-            result.cleaned = services.expiry_cleanup(
-                retention=config.retention, batch_size=batch_size, should_stop=self._stop.is_set
-            )
+            if partitioning.partitioned_tasks():
+                result.cleaned = partitioning.expiry_partitions_maintain(
+                    now=timezone.now(), retention=config.retention
+                ).get("rows", 0)
+            else:
+                result.cleaned = services.expiry_cleanup(
+                    retention=config.retention,
+                    batch_size=batch_size,
+                    should_stop=self._stop.is_set,
+                )
         except DbError as exc:  # InterfaceError too: a connection closed under us
             result.error = f"{type(exc).__name__}: {exc}".strip()
             logger.exception("expiry: pass failed; its batch stays pending for the next pass")

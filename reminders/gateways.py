@@ -62,7 +62,12 @@ class InboxGateway:
 
     def deliver(self, messages: list[Message]) -> list[Delivered]:
         # One multi-row INSERT ... ON CONFLICT DO NOTHING per chunk: the ORM's bulk_create spends
-        # more time preparing values than PostgreSQL spends writing them.
+        # more time preparing values than PostgreSQL spends writing them. No conflict target:
+        # every unique key of the row's table is the ledger's. On SQLite that is
+        # (user_id, dedup_key); on PostgreSQL, partitioned by visible_at, it is
+        # (user_id, dedup_key, visible_at), the same guarantee since a message's visible_at is
+        # its due moment, the same on every delivery (services.notification_partitions), plus
+        # (user_id, dedup_key) in the first partition, the table from before the partitioning.
         table = Notification._meta.db_table
         # Times as the ORM writes them (SQLite keeps naive UTC text and compares it as text).
         db_time = connection.ops.adapt_datetimefield_value
@@ -89,7 +94,7 @@ class InboxGateway:
                 cursor.execute(
                     f"INSERT INTO {table} (user_id, dedup_key, kind, title, body, payload, "
                     f"created_at, visible_at, push, held) VALUES {values} "
-                    "ON CONFLICT (user_id, dedup_key) DO NOTHING",
+                    "ON CONFLICT DO NOTHING",
                     [value for row in chunk for value in row],
                 )
         return [Delivered(True)] * len(messages)

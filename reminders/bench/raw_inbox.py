@@ -72,7 +72,7 @@ def _write(batch: list[int]) -> int:
             cursor.execute(
                 f"INSERT INTO {INBOX} (user_id, dedup_key, kind, title, body, payload, "
                 f"created_at, visible_at, push, held) VALUES {values} "
-                "ON CONFLICT (user_id, dedup_key) DO NOTHING",
+                "ON CONFLICT DO NOTHING",
                 [value for row in chunk for value in row],
             )
     return len(rows)

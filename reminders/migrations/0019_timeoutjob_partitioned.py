@@ -20,7 +20,7 @@ class Migration(migrations.Migration):
     atomic = False  # each step commits on its own (partition_online)
 
     dependencies = [
-        ("reminders", "0016_topic_standard_webhooks"),
+        ("reminders", "0018_notification_partitioned"),
     ]
 
     operations = [migrations.RunPython(forwards, backwards, atomic=False)]

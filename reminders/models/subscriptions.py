@@ -52,7 +52,11 @@ class ReminderSubscription(models.Model):
 
 
 class Notification(models.Model):
-    """The inbox, and the ledger that makes delivery exactly-once for the user."""
+    """The inbox, and the ledger that makes delivery exactly-once for the user.
+
+    On PostgreSQL the table is partitioned by day of ``visible_at`` and the ledger's unique key is
+    ``(user_id, dedup_key, visible_at)`` (``reminders.services.notification_partitions``,
+    docs/partitioning.md); the constraint and index below are the SQLite layout."""
 
     user_id = models.BigIntegerField()
     dedup_key = models.CharField(max_length=200)

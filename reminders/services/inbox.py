@@ -83,9 +83,10 @@ def reminders_deliver_inbox(gateway: Gateway, members: list[str], live: Reminder
         staged = _unstage_mates(items, now, live.merge_window_ms)
         groups = merge(items + staged, live.merge_window_ms)
         for group in groups:
-            due = min(item.remind_at for item in group.items)
-            if due > now:
-                group.message.visible_at = due
+            # The message's due moment, the same on every delivery of it: shown from then on (a
+            # staged one not before), and the inbox ledger's partition key
+            # (services.notification_partitions).
+            group.message.visible_at = min(item.remind_at for item in group.items)
         if groups:
             messages = [g.message for g in groups]
             cap = push_cap_apply(messages, live, now)

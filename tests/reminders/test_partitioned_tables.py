@@ -32,6 +32,7 @@ from reminders.services.dead_letters import dead_letters_requeue
 from reminders.services.firing import timeout_jobs_take_rows
 from reminders.services.inbox import STILL_SCHEDULED, TABLE
 from reminders.services.partitions import (
+    MAINTAIN_LOCK,
     SUBSCRIPTIONS,
     TIMEOUT_JOBS,
     reminder_partitions_maintain,
@@ -414,6 +415,33 @@ def test_a_day_is_not_dropped_while_a_requeue_is_moving_its_dead_job_out(postgre
     report = reminder_partitions_maintain(now=now, **retention)
     assert name in report.dropped[TIMEOUT_JOBS.done_leaf].dropped
     assert TimeoutJob.objects.get(pk=job.pk).status == Status.PENDING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_process_of_the_fleet_keeps_the_partitions_at_a_time(postgres):
+    holding, release, out = threading.Event(), threading.Event(), {}
+
+    def hold_the_turn():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", MAINTAIN_LOCK)
+            holding.set()
+            assert release.wait(30)
+            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", MAINTAIN_LOCK)
+        return True
+
+    thread = _in_thread(hold_the_turn, out, "other")
+    assert holding.wait(30)
+    later = timezone.now() + timedelta(days=400)  # a day no other test makes
+    report = reminder_partitions_maintain(now=later, **NO_DROP)
+    assert report.skipped and report.created == []
+    assert partition_name(TIMEOUT_JOBS.done_leaf, later) not in partitions_list(
+        TIMEOUT_JOBS.done_leaf
+    )
+    release.set()
+    thread.join(30)
+    report = reminder_partitions_maintain(now=later, **NO_DROP)
+    assert not report.skipped
+    assert partition_name(TIMEOUT_JOBS.done_leaf, later) in report.created
 
 
 def test_on_sqlite_the_upkeep_does_nothing(db):

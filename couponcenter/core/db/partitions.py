@@ -19,6 +19,8 @@ Invariants:
   holds no row matching ``keep``. ``keep`` is checked again after the partition is detached, while
   it is locked, so a row that came to match it a moment before (a task rescheduled, a message
   marked unread) keeps the partition: the drop rolls back.
+- DEFAULT is never dropped; the rows it holds from before ``now - retention`` (keys that came
+  when their day had no partition) are deleted in batches, ``keep`` rows excepted.
 - Every DDL statement waits at most ``DDL_LOCK_TIMEOUT_MS`` for its locks. A drop needs the
   parent's exclusive lock, and waiting for it would queue every query of the table behind it:
   after the timeout it gives up (``DropReport.busy``) and the next maintenance pass tries again.
@@ -31,16 +33,21 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
 
 from django.db import DatabaseError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 logger = logging.getLogger(__name__)
 
 # How long partition DDL waits for a table lock before it gives up until the next pass.
 DDL_LOCK_TIMEOUT_MS = 500
 DAY = timedelta(days=1)
+# Rows per DELETE when old keys are cleared out of DEFAULT.
+DEFAULT_DELETE_BATCH = 5000
 # SQLSTATE lock_not_available (lock_timeout), deadlock_detected.
 _BUSY = {"55P03", "40P01"}
 _BOUND = re.compile(r"FOR VALUES FROM \((?P<lo>[^)]*)\) TO \((?P<hi>[^)]*)\)")
@@ -61,6 +68,7 @@ class DropReport:
     dropped: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # old enough, but holding a ``keep`` row
     busy: list[str] = field(default_factory=list)  # the lock did not come in time: next pass
+    rows: int = 0  # rows removed: those of the dropped partitions and those deleted from DEFAULT
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,21 @@ def partitioned(table: str) -> bool:
         cursor.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)", [table])
         row = cursor.fetchone()
     return bool(row and row[0])
+
+
+@contextmanager
+def maintenance_turn(key: tuple[int, int]) -> Iterator[bool]:
+    """Whether this process maintains now: a session advisory lock on ``key`` for the duration,
+    so one process of the fleet runs a table's maintenance at a time (False: another has it)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
+        mine = bool(cursor.fetchone()[0])
+    try:
+        yield mine
+    finally:
+        if mine:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", key)
 
 
 def partition_name(table: str, day: datetime) -> str:
@@ -113,6 +136,8 @@ def partitions_ensure(spec: Partitioned, *, now: datetime) -> list[str]:
         gap = _gap(children, day, day + DAY)
         if gap is not None:
             name = partition_name(spec.table, day)
+            if any(child.name == name for child in children):  # the day's other part has it
+                name = f"{name}_{gap[0]:%H%M%S}"
             if _create(spec, name, *gap, default=default):
                 created.append(name)
                 children.append(_Child(name, *gap))
@@ -129,23 +154,29 @@ def partitions_drop_expired(
     if retention <= timedelta(0) or not partitioned(spec.table):
         return report
     cutoff = now - retention
-    for child in sorted(
-        _children(spec.table), key=lambda c: c.hi or datetime.max.replace(tzinfo=UTC)
-    ):
+    children = _children(spec.table)
+    for child in sorted(children, key=lambda c: c.hi or datetime.max.replace(tzinfo=UTC)):
         if child.default or child.hi is None or child.hi > cutoff:
             continue
         if spec.keep and _holds(child.name, spec.keep):
             report.kept.append(child.name)
             continue
+        rows = _count(child.name)
         outcome = _drop(spec, child.name)
         getattr(report, outcome).append(child.name)
-    if report.dropped or report.busy:
+        if outcome == "dropped":
+            report.rows += rows
+    default = next((child.name for child in children if child.default), None)
+    if default is not None:
+        report.rows += _delete_old_from_default(spec, default, cutoff)
+    if report.rows or report.busy:
         logger.info(
-            "partitions %s: dropped %s, kept %s, busy %s",
+            "partitions %s: dropped %s, kept %s, busy %s, %d rows removed",
             spec.table,
             report.dropped,
             report.kept,
             report.busy,
+            report.rows,
         )
     return report
 
@@ -198,7 +229,8 @@ def _bound_value(text: str) -> datetime | None:
 def _gap(children: list[_Child], lo: datetime, hi: datetime) -> tuple[datetime, datetime] | None:
     """The part of ``[lo, hi)`` from its start that no partition covers yet, or None. A day is
     only ever partly covered by a range someone else chose (a migration's first partition)."""
-    for child in children:
+    earliest = datetime.min.replace(tzinfo=UTC)
+    for child in sorted(children, key=lambda c: c.lo or earliest):
         if child.default:
             continue
         starts_before = child.lo is None or child.lo <= lo
@@ -214,18 +246,33 @@ def _set_lock_timeout(cursor) -> None:
     cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{DDL_LOCK_TIMEOUT_MS}ms"])
 
 
-def _ddl(sql: str, params: list | None = None) -> bool:
-    """One DDL statement in its own transaction under the DDL lock timeout; False when busy."""
+class _Busy(Exception):
+    """A lock did not come within ``DDL_LOCK_TIMEOUT_MS``; the transaction rolled back."""
+
+
+@contextmanager
+def _ddl_transaction(what: str) -> Iterator[CursorWrapper]:
+    """A transaction whose statements wait at most ``DDL_LOCK_TIMEOUT_MS`` for a lock; raises
+    ``_Busy`` when one did not come."""
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             _set_lock_timeout(cursor)
+            yield cursor
+    except DatabaseError as error:
+        if _pgcode(error) not in _BUSY:
+            raise
+        logger.info("partitions: %s busy, next pass", what)
+        raise _Busy(what) from error
+
+
+def _ddl(sql: str, params: list | None = None) -> bool:
+    """One DDL statement in its own transaction under the DDL lock timeout; False when busy."""
+    try:
+        with _ddl_transaction(sql.split("(")[0]) as cursor:
             cursor.execute(sql, params)
         return True
-    except DatabaseError as error:
-        if _pgcode(error) in _BUSY:
-            logger.info("partitions: %s busy, next pass", sql.split("(")[0])
-            return False
-        raise
+    except _Busy:
+        return False
 
 
 def _create(
@@ -237,8 +284,7 @@ def _create(
     table, column = _q(spec.table), _q(spec.column)
     new, bound = _q(name), _q(f"{name}_bound")
     try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            _set_lock_timeout(cursor)
+        with _ddl_transaction(f"creating {name}") as cursor:
             cursor.execute(
                 f"CREATE TABLE {new} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
                 "INCLUDING STORAGE INCLUDING COMMENTS)"
@@ -266,29 +312,52 @@ def _create(
             cursor.execute(f"ALTER TABLE {new} DROP CONSTRAINT {bound}")
         logger.info("partitions: created %s [%s, %s)", name, lo.isoformat(), hi.isoformat())
         return True
-    except DatabaseError as error:
-        if _pgcode(error) in _BUSY:
-            logger.info("partitions: creating %s busy, next pass", name)
-            return False
-        raise
+    except _Busy:
+        return False
 
 
 def _drop(spec: Partitioned, name: str) -> str:
     """Detach and drop partition ``name`` unless, once it is locked, it holds a ``keep`` row:
     ``dropped``, ``kept`` or ``busy``."""
     try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            _set_lock_timeout(cursor)
+        with _ddl_transaction(f"dropping {name}") as cursor:
             cursor.execute(f"ALTER TABLE {_q(spec.table)} DETACH PARTITION {_q(name)}")
             if spec.keep and _holds(name, spec.keep, cursor=cursor):
                 transaction.set_rollback(True)
                 return "kept"
             cursor.execute(f"DROP TABLE {_q(name)}")
         return "dropped"
-    except DatabaseError as error:
-        if _pgcode(error) in _BUSY:
-            return "busy"
-        raise
+    except _Busy:
+        return "busy"
+
+
+def _count(name: str) -> int:
+    # Before the drop and without a lock: only rows past the retention are there, and a row
+    # coming to match ``keep`` meanwhile keeps the partition anyway.
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {_q(name)}")
+        return cursor.fetchone()[0]
+
+
+def _delete_old_from_default(spec: Partitioned, default: str, cutoff: datetime) -> int:
+    """Delete, in batches, the rows DEFAULT holds from before ``cutoff``: keys that arrived when
+    their day had no partition (a day not created yet, or already dropped). Few, so a DELETE."""
+    keep = f"AND NOT ({spec.keep})" if spec.keep else ""
+    deleted = 0
+    while True:
+        try:
+            with _ddl_transaction(f"deleting from {default}") as cursor:
+                cursor.execute(
+                    f"DELETE FROM {_q(default)} WHERE ctid = ANY(ARRAY(SELECT ctid "
+                    f"FROM {_q(default)} WHERE {_q(spec.column)} < %s {keep} LIMIT %s))",
+                    [cutoff, DEFAULT_DELETE_BATCH],
+                )
+                count = cursor.rowcount
+        except _Busy:
+            return deleted
+        deleted += count
+        if count < DEFAULT_DELETE_BATCH:
+            return deleted
 
 
 def _holds(name: str, condition: str, *, cursor=None) -> bool:

@@ -166,10 +166,12 @@ def test_default_is_never_dropped(parts):
     partitions_ensure(parts, now=NOV27)
     insert(NOV27 + timedelta(days=30))
 
-    partitions_drop_expired(parts, retention=timedelta(days=1), now=NOV27 + timedelta(days=400))
+    report = partitions_drop_expired(
+        parts, retention=timedelta(days=1), now=NOV27 + timedelta(days=400)
+    )
 
     assert partitions_list(TABLE) == [f"{TABLE}_default"]
-    assert count() == 1
+    assert report.rows == 1 and count() == 0  # DEFAULT's old row deleted, DEFAULT itself kept
 
 
 def test_a_drop_that_cannot_get_its_lock_gives_up_and_succeeds_next_pass(parts):
@@ -229,3 +231,45 @@ def test_a_day_partly_covered_by_another_partition_gets_the_rest(parts):
         parts, retention=timedelta(days=1), now=NOV27 + timedelta(days=1, hours=15)
     )
     assert report.dropped == [f"{TABLE}_legacy"]
+
+
+def test_the_part_of_a_day_before_a_partition_that_starts_mid_day(parts):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE TABLE {TABLE}_p20261127 PARTITION OF {TABLE} "
+            "FOR VALUES FROM ('2026-11-27 15:00+00') TO ('2026-11-28 00:00+00')"
+        )
+
+    created = partitions_ensure(parts, now=NOV27)
+
+    assert f"{TABLE}_p20261127_000000" in created
+    insert(NOV27 + timedelta(hours=14))
+    assert where(NOV27 + timedelta(hours=14)) == f"{TABLE}_p20261127_000000"
+    assert partitions_ensure(parts, now=NOV27) == []
+
+
+def test_old_keys_in_default_are_deleted_but_keep_rows_stay(parts):
+    # Rows keyed on a day that has no partition (not created yet when they came, or dropped).
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE {TABLE}_default PARTITION OF {TABLE} DEFAULT")
+    insert(NOV27 - timedelta(days=10))
+    insert(NOV27 - timedelta(days=10, hours=1), "pending")
+    insert(NOV27 - timedelta(hours=1))
+
+    report = partitions_drop_expired(parts, retention=timedelta(days=1), now=NOV27)
+
+    assert report.rows == 1
+    assert count() == 2
+    assert where(NOV27 - timedelta(days=10, hours=1)) == f"{TABLE}_default"
+
+
+def test_the_report_counts_the_rows_of_dropped_partitions(parts):
+    partitions_ensure(parts, now=NOV27)
+    for hour in range(3):
+        insert(NOV27 + timedelta(hours=hour))
+
+    report = partitions_drop_expired(
+        parts, retention=timedelta(days=1), now=NOV27 + timedelta(days=2)
+    )
+
+    assert report.rows == 3

@@ -1,0 +1,172 @@
+"""Expiry tasks partitioned on PostgreSQL (expiry.partitioning): the sweeper's due claim reads the
+pending leaf alone, a sweep moves tasks to the day they were processed, one pending task per user
+coupon, and the maintenance keeps processed days by the retention."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+
+from couponcenter.core.db.partitions import partitions_ensure, partitions_list
+from expiry import partitioning, services, sql
+from expiry.models import ExpiryTask
+from tests.support.factories import ExpiryTaskFactory, UserCouponFactory
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+JAN1 = datetime(2026, 1, 1, tzinfo=UTC)
+PROCESSED = partitioning.PROCESSED.table
+
+
+@pytest.fixture(autouse=True)
+def own_partitions():
+    """Processed partitions this test creates go with it (a TRUNCATE leaves them)."""
+    before = set(partitions_list(PROCESSED))
+    yield
+    with connection.cursor() as cursor:
+        for name in set(partitions_list(PROCESSED)) - before:
+            cursor.execute(f"DROP TABLE {connection.ops.quote_name(name)}")
+
+
+def tasks(count: int, *, expires_at: datetime) -> list[ExpiryTask]:
+    return [
+        ExpiryTaskFactory(
+            user_coupon=UserCouponFactory(
+                expires_at=expires_at, claimed_at=expires_at - timedelta(days=1)
+            )
+        )
+        for _ in range(count)
+    ]
+
+
+def relations(plan) -> set[str]:
+    """Every table an EXPLAIN (FORMAT JSON) plan reads or writes (an UPDATE names its target,
+    the parent table, which holds no rows itself)."""
+    found = set()
+    if isinstance(plan, dict):
+        if "Relation Name" in plan:
+            found.add(plan["Relation Name"])
+        for value in plan.values():
+            found |= relations(value)
+    elif isinstance(plan, list):
+        for item in plan:
+            found |= relations(item)
+    return found
+
+
+def explain(statement: str, params) -> set[str]:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {statement}", params)
+        plan = cursor.fetchone()[0]
+        transaction.set_rollback(True)
+    return relations(plan)
+
+
+def where(task_id: int) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tableoid::regclass::text FROM expiry_expirytask WHERE id = %s", [task_id]
+        )
+        return cursor.fetchone()[0]
+
+
+def batch_params(now: datetime, descending: bool) -> dict:
+    return {
+        "now": now,
+        "limit": 100,
+        "ids": False,
+        "after_at": services._END[0] if descending else services._START[0],
+        "after_id": services._END[1] if descending else services._START[1],
+        "lock_class": sql.BATCH_LOCK_CLASS,
+    }
+
+
+def test_the_layout_is_a_pending_leaf_and_processed_days():
+    assert partitioning.partitioned_tasks()
+    assert partitions_list(ExpiryTask._meta.db_table) == []  # LIST leaves: no days up here
+    assert all(
+        name.startswith(f"{PROCESSED}_p") or name == f"{PROCESSED}_default"
+        for name in partitions_list(PROCESSED)
+    )
+
+
+def test_a_swept_task_moves_to_the_day_it_was_processed():
+    partitions_ensure(partitioning.PROCESSED, now=JAN1)
+    task = tasks(1, expires_at=JAN1)[0]
+    assert where(task.pk) == partitioning.PENDING_LEAF
+
+    services.expiry_sweep_due(now=JAN1 + timedelta(hours=3), batch_size=10)
+
+    assert where(task.pk) == f"{PROCESSED}_p20260101"
+    assert ExpiryTask.objects.get(pk=task.pk).status == "processed"
+
+
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("careful", [False, True])
+def test_the_due_claim_reads_only_the_pending_leaf(careful, descending):
+    partitions_ensure(partitioning.PROCESSED, now=JAN1)
+    tasks(3, expires_at=JAN1)
+    services.expiry_sweep_due(now=JAN1 + timedelta(hours=1), batch_size=10)  # some processed
+    tasks(3, expires_at=JAN1)
+    statement = sql.CAREFUL[descending] if careful else sql.FAST[descending].sql
+
+    read = explain(statement, batch_params(JAN1 + timedelta(hours=2), descending))
+
+    tables = {"expiry_expirytask_pending", "couponcenter_usercoupon"}
+    assert read - {"expiry_expirytask"} == tables, read
+
+
+def test_the_prepared_due_claim_on_its_generic_plan_reads_only_the_pending_leaf():
+    statement = sql.FAST[False]
+    params = batch_params(JAN1, False)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(statement._prepare.replace(statement.key, "cc_test_due", 1))
+        try:
+            arguments = ", ".join(["%s"] * len(statement.params))
+            cursor.execute(
+                f"EXPLAIN (FORMAT JSON) EXECUTE cc_test_due({arguments})",
+                [params[name] for name, _ in statement.params],
+            )
+            plan = cursor.fetchone()[0]
+        finally:
+            cursor.execute("DEALLOCATE cc_test_due")
+
+    tables = {"expiry_expirytask_pending", "couponcenter_usercoupon"}
+    assert relations(plan) - {"expiry_expirytask"} == tables, relations(plan)
+
+
+def test_a_redeem_touches_only_the_pending_leaf():
+    queryset = ExpiryTask.objects.filter(user_coupon_id=1, status=ExpiryTask.Status.PENDING)
+    query, params = queryset.query.sql_with_params()
+    assert explain(query, params) == {"expiry_expirytask_pending"}
+
+
+def test_one_pending_task_per_user_coupon():
+    task = tasks(1, expires_at=JAN1)[0]
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        ExpiryTask.objects.create(user_coupon_id=task.user_coupon_id, expire_at=JAN1)
+
+
+def test_maintenance_creates_days_ahead_and_drops_processed_days_past_the_retention():
+    partitions_ensure(partitioning.PROCESSED, now=JAN1)
+    processed = tasks(2, expires_at=JAN1)
+    services.expiry_sweep_due(now=JAN1 + timedelta(hours=1), batch_size=10)
+    pending = tasks(2, expires_at=JAN1 - timedelta(days=30))  # overdue, not swept yet
+    now = JAN1 + timedelta(days=9)
+
+    kept_all = partitioning.expiry_partitions_maintain(now=now, retention=timedelta(0))
+    assert (kept_all["rows"], kept_all["dropped"]) == (0, [])
+    assert {f"{PROCESSED}_p202601{d}" for d in (10, 11, 12)} <= set(kept_all["created"])
+    report = partitioning.expiry_partitions_maintain(now=now, retention=timedelta(days=7))
+
+    # Jan 1 ended Jan 2 00:00 = now - retention: gone with its two tasks; Jan 3 not yet.
+    assert report["dropped"] == [f"{PROCESSED}_p20260101", f"{PROCESSED}_p20260102"]
+    assert report["rows"] == 2
+    assert f"{PROCESSED}_p20260103" in partitions_list(PROCESSED)
+    assert report["created"] == []
+    assert not ExpiryTask.objects.filter(pk__in=[t.pk for t in processed]).exists()
+    assert ExpiryTask.objects.filter(pk__in=[t.pk for t in pending], status="pending").count() == 2

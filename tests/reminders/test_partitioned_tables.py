@@ -109,6 +109,13 @@ def _in_thread(target, out: dict, name: str) -> threading.Thread:
 # --- where rows live ---------------------------------------------------------------------------
 
 
+def test_every_status_has_its_leaf():
+    """A status in neither list would have no partition: its rows could not be written."""
+    for layout, model in ((TIMEOUT_JOBS, TimeoutJob), (SUBSCRIPTIONS, ReminderSubscription)):
+        assert not set(layout.live) & set(layout.done)
+        assert set(layout.live) | set(layout.done) == set(model.Status.values)
+
+
 def test_a_job_lives_in_the_live_leaf_until_it_finishes_then_in_todays_day(postgres):
     assert timeout_jobs_partitioned()
     job = timeout_job_create(topic=TOPIC, biz_type="order", biz_id="p1", action_time=WHEN)

@@ -238,7 +238,7 @@ def _drop_slow_jobs() -> None:
     """The slow topic's jobs still waiting: paused and cancelled, so the burst has the worker."""
     timeout_topic_save(topic=TimeoutTopic.objects.get(name=SLOW_TOPIC), paused=True)
     TimeoutJob.objects.filter(topic=SLOW_TOPIC, status=TimeoutJob.Status.PENDING).update(
-        status=TimeoutJob.Status.CANCELLED
+        status=TimeoutJob.Status.CANCELLED, gmt_modified=timezone.now()
     )
 
 

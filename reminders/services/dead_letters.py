@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from couponcenter.core.db.row_movement import retry_if_moved
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.members import REMINDER_TOPICS, try_sub_id_of
@@ -38,9 +39,14 @@ class RequeueResult:
 
 def _fix_reminder_rows(job_ids: Sequence[str]) -> int:
     sub_ids = [s for s in map(try_sub_id_of, job_ids) if s is not None]
-    return ReminderSubscription.objects.filter(
+    failed = ReminderSubscription.objects.filter(
         pk__in=sub_ids, status=ReminderSubscription.Status.FAILED
-    ).update(status=ReminderSubscription.Status.SCHEDULED, updated_at=timezone.now())
+    )
+    return retry_if_moved(
+        lambda: failed.update(
+            status=ReminderSubscription.Status.SCHEDULED, updated_at=timezone.now()
+        )
+    )
 
 
 def _fix_timeout_rows(topic: str, job_ids: Sequence[str]) -> tuple[int, list[str]]:
@@ -53,8 +59,11 @@ def _fix_timeout_rows(topic: str, job_ids: Sequence[str]) -> tuple[int, list[str
         status=TimeoutJob.Status.PENDING,
     )
     blocked = [str(pk) for pk in dead.filter(Exists(newer_pending)).values_list("pk", flat=True)]
-    fixed = dead.exclude(pk__in=[int(b) for b in blocked]).update(
-        status=TimeoutJob.Status.PENDING, attempts=0, gmt_modified=timezone.now()
+    movable = dead.exclude(pk__in=[int(b) for b in blocked])
+    fixed = retry_if_moved(
+        lambda: movable.update(
+            status=TimeoutJob.Status.PENDING, attempts=0, gmt_modified=timezone.now()
+        )
     )
     return fixed, blocked
 

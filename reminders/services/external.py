@@ -12,6 +12,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from couponcenter.core.db.row_movement import retry_if_moved
 from reminders.gateways import Gateway
 from reminders.members import sub_id_of
 from reminders.models import ReminderSettings, ReminderSubscription
@@ -42,9 +43,12 @@ def reminders_deliver_external(
         else:
             items.append(item)
     if too_late:
-        report.dropped = ReminderSubscription.objects.filter(
-            pk__in=too_late, status=Status.SCHEDULED
-        ).update(status=Status.DROPPED, drop_reason="late")
+        late_rows = ReminderSubscription.objects.filter(pk__in=too_late, status=Status.SCHEDULED)
+        report.dropped = retry_if_moved(
+            lambda: late_rows.update(
+                status=Status.DROPPED, drop_reason="late", updated_at=timezone.now()
+            )
+        )
     items, hopeless = drop_hopeless(items, now, marked=Status.SCHEDULED)
     report.dropped += hopeless
     groups = merge(items, live.merge_window_ms)
@@ -58,7 +62,9 @@ def reminders_deliver_external(
         if max(attempts.get(item.member, 1) for item in group.items) >= live.max_attempts:
             report.dead += [item.sub_id for item in group.items]
     if report.delivered:
-        ReminderSubscription.objects.filter(
+        sent = ReminderSubscription.objects.filter(
             pk__in=[item.sub_id for item in report.delivered], status=Status.SCHEDULED
-        ).update(status=Status.SENT, sent_at=timezone.now())
+        )
+        sent_at = timezone.now()
+        retry_if_moved(lambda: sent.update(status=Status.SENT, sent_at=sent_at, updated_at=sent_at))
     return report

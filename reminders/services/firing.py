@@ -22,6 +22,7 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from couponcenter.core.db.row_movement import retry_if_moved
 from couponcenter.core.db.times import aware_time, db_time
 from reminders.engine.clock import epoch_ms
 from reminders.engine.scripts import Claimed
@@ -52,10 +53,11 @@ _TAKE_FIELDS = (
     "series_start",
     "traceparent",
 )
-# The rows a take moves (False: SQLite, which locks the whole database, not rows).
+# The rows a take moves (False: SQLite, which locks the whole database, not rows). The status
+# outside the subquery too: it keeps the UPDATE to the live partition (reminders/partition_layout).
 _TAKE_WHERE = {
     True: f"job_id IN (SELECT job_id FROM {TABLE} WHERE job_id IN ({{ids}}) "
-    "AND status IN (%s, %s) FOR UPDATE SKIP LOCKED)",
+    f"AND status IN (%s, %s) FOR UPDATE SKIP LOCKED) AND status IN {tuple(map(int, LIVE))}",
     False: "job_id IN ({ids}) AND status IN (%s, %s)",
 }
 
@@ -77,7 +79,8 @@ def timeout_jobs_take_rows(due: dict[int, Claimed]) -> tuple[list[TimeoutJob], s
     with connection.cursor() as cursor:
         for attempt, job_ids in by_attempt.items():
             ids = ",".join(["%s"] * len(job_ids))
-            cursor.execute(
+            rows += _fetch_all(
+                cursor,
                 f"UPDATE {TABLE} SET status = %s, attempts = %s, gmt_modified = %s "
                 f"WHERE {where.format(ids=ids)} RETURNING {', '.join(_TAKE_FIELDS)}",
                 [
@@ -89,7 +92,6 @@ def timeout_jobs_take_rows(due: dict[int, Claimed]) -> tuple[list[TimeoutJob], s
                     Status.RUNNING,
                 ],
             )
-            rows += cursor.fetchall()
         busy: set[int] = set()
         missing = set(due) - {row[0] for row in rows}
         if missing and connection.vendor == "postgresql":
@@ -114,7 +116,8 @@ def timeout_jobs_take_rows(due: dict[int, Claimed]) -> tuple[list[TimeoutJob], s
         else:
             jobs.append(job)
     if moved:
-        TimeoutJob.objects.filter(pk__in=moved, status=Status.RUNNING).update(status=Status.PENDING)
+        back = TimeoutJob.objects.filter(pk__in=moved, status=Status.RUNNING)
+        retry_if_moved(lambda: back.update(status=Status.PENDING))
     order = {pk: i for i, pk in enumerate(due)}  # the claim's order: due time, oldest first
     return sorted(jobs, key=lambda job: order[job.pk]), busy
 
@@ -172,7 +175,8 @@ def _settle_rows(
     append = HISTORY_APPEND[connection.vendor == "postgresql"]
     now = timezone.now()
     with connection.cursor() as cursor:
-        cursor.execute(
+        rows = _fetch_all(
+            cursor,
             f"UPDATE {TABLE} SET {columns}, gmt_modified = %s, history = {append} "
             f"WHERE job_id IN ({','.join(['%s'] * len(job_ids))}) AND status = %s "
             "AND attempts = %s RETURNING job_id",
@@ -188,7 +192,18 @@ def _settle_rows(
                 attempt,
             ],
         )
-        return {row[0] for row in cursor.fetchall()}
+        return {row[0] for row in rows}
+
+
+def _fetch_all(cursor, sql: str, params: list) -> list[tuple]:
+    """Run ``sql`` and fetch its rows, again if it met a row another transaction moved between
+    partitions (``row_movement``): each row's outcome is then decided by its current status."""
+
+    def run() -> list[tuple]:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+    return retry_if_moved(run)
 
 
 def _mark_ended(ended: dict[int, str], attempts: dict[int, int]) -> None:
@@ -213,8 +228,9 @@ def timeout_jobs_mark_dead(job_ids: list[int], *, error: str) -> int:
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute(f"SET LOCAL lock_timeout = {DEAD_LOCK_TIMEOUT_MS}")
-        return TimeoutJob.objects.filter(pk__in=job_ids, status__in=LIVE).update(
-            status=Status.DEAD, last_error=error, gmt_modified=timezone.now()
+        live = TimeoutJob.objects.filter(pk__in=job_ids, status__in=LIVE)
+        return retry_if_moved(
+            lambda: live.update(status=Status.DEAD, last_error=error, gmt_modified=timezone.now())
         )
 
 

@@ -16,10 +16,12 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from couponcenter.core.db.row_movement import retry_if_moved
 from couponcenter.core.db.times import aware_time, db_time
 from reminders.gateways import Gateway
 from reminders.members import member, sub_id_of
 from reminders.models import ReminderSettings, ReminderSubscription
+from reminders.partition_layout import subscription_layout
 
 from .indexing import BULK_CHUNK
 from .messages import EARLY_TOLERANCE_S, Item, bucket, drop_hopeless, merge
@@ -29,8 +31,10 @@ from .staging import hidden_reminder_notes, notifications_delete
 
 Status = ReminderSubscription.Status
 TABLE = ReminderSubscription._meta.db_table
-# The scheduled rows among the batch's, in a form that matches no partial index (see below).
-STILL_SCHEDULED = "(status || '') = %s"
+# The scheduled rows among the batch's, in a form that matches no partial index (see below);
+# ``status IN`` the live statuses keeps the statement to the live partition (PostgreSQL).
+LIVE = subscription_layout().values(subscription_layout().live)
+STILL_SCHEDULED = f"status IN ({LIVE}) AND (status || '') = %s"
 
 
 def reminders_deliver_inbox(gateway: Gateway, members: list[str], live: ReminderSettings) -> Report:
@@ -109,13 +113,17 @@ def _claim_rows(sql_where: str, params: list, sub_ids: list[int], sets: str, set
             cursor.execute("SET LOCAL enable_seqscan = off")
         for start in range(0, len(sub_ids), 5000):
             chunk = sub_ids[start : start + 5000]
-            cursor.execute(
+            sql = (
                 f"UPDATE {TABLE} SET {sets} WHERE {sql_where} "
                 f"AND id IN ({','.join(['%s'] * len(chunk))}) "
-                "RETURNING id, user_id, remind_at, coupon_id, traceparent",
-                [*set_params, *params, *chunk],
+                "RETURNING id, user_id, remind_at, coupon_id, traceparent"
             )
-            rows += cursor.fetchall()
+
+            def claim(sql=sql, chunk=chunk) -> list[tuple]:
+                cursor.execute(sql, [*set_params, *params, *chunk])
+                return cursor.fetchall()
+
+            rows += retry_if_moved(claim)
         if postgres:
             cursor.execute("SET LOCAL enable_seqscan TO DEFAULT")
     return rows
@@ -155,12 +163,13 @@ def _unstage_mates(items: list[Item], now: datetime, window_ms: int) -> list[Ite
     kept = []
     ids = sorted(mates)
     for start in range(0, len(ids), BULK_CHUNK):
-        kept += (
+        mates = (
             ReminderSubscription.objects.select_for_update()
             .filter(pk__in=ids[start : start + BULK_CHUNK], status=Status.SENT, sent_at__gt=now)
             .order_by("pk")
             .values_list("pk", "user_id", "remind_at", "coupon_id", "traceparent")
         )
+        kept += retry_if_moved(lambda mates=mates: list(mates))
     notifications_delete(notes)
     return [
         Item(member(pk), pk, user, remind_at, coupon, trace)

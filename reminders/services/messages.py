@@ -17,6 +17,7 @@ from typing import Any
 from django.utils import timezone
 
 from couponcenter.core.caching import TTLCache
+from couponcenter.core.db.row_movement import retry_if_moved
 from couponcenter.core.time import utc_text
 from couponcenter.coupons import rules
 from couponcenter.coupons.models import Coupon
@@ -90,8 +91,11 @@ def drop_hopeless(items: list[Item], now: datetime, *, marked: str) -> tuple[lis
             kept.append(item)
     count = 0
     for reason, sub_ids in dropped.items():
-        count += ReminderSubscription.objects.filter(pk__in=sub_ids, status=marked).update(
-            status=Status.DROPPED, drop_reason=reason, sent_at=None, updated_at=now
+        rows = ReminderSubscription.objects.filter(pk__in=sub_ids, status=marked)
+        count += retry_if_moved(
+            lambda rows=rows, reason=reason: rows.update(
+                status=Status.DROPPED, drop_reason=reason, sent_at=None, updated_at=now
+            )
         )
     return kept, count
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 
 from couponcenter.core import tracing
+from couponcenter.core.db.row_movement import retry_if_moved
 from reminders import metrics
 from reminders.alerts import raise_alert
 from reminders.engine import queue
@@ -52,9 +53,8 @@ def reminders_settle(
     entry of ``slot_of`` ({member: slot}) one by one."""
     now_ms = epoch_ms()
     if report.dead:
-        ReminderSubscription.objects.filter(pk__in=report.dead, status=Status.SCHEDULED).update(
-            status=Status.FAILED
-        )
+        dead = ReminderSubscription.objects.filter(pk__in=report.dead, status=Status.SCHEDULED)
+        retry_if_moved(lambda: dead.update(status=Status.FAILED, updated_at=timezone.now()))
     for item in report.early:  # its entry fired ahead of its row: back at the row's time
         queue.schedule(
             topic, member(item.sub_id), epoch_ms(item.remind_at), slot=slot_of[item.member]
@@ -179,8 +179,9 @@ def reminders_dead(topic: str, members: list[str]) -> int:
     """The reaper sent these entries to dead (every delivery attempt timed out): mark them
     ``failed`` and alert, as a delivery that failed its last attempt does."""
     sub_ids = [sub_id for m in members if (sub_id := try_sub_id_of(m)) is not None]
-    failed = ReminderSubscription.objects.filter(pk__in=sub_ids, status=Status.SCHEDULED).update(
-        status=Status.FAILED, updated_at=timezone.now()
+    scheduled = ReminderSubscription.objects.filter(pk__in=sub_ids, status=Status.SCHEDULED)
+    failed = retry_if_moved(
+        lambda: scheduled.update(status=Status.FAILED, updated_at=timezone.now())
     )
     raise_alert(
         title=f"{len(members)} reminders dead: delivery timed out on every attempt",

@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
+from couponcenter.core.db.row_movement import retry_if_moved
 from reminders.models import Notification, ReminderSubscription
 from reminders.selectors import reminder_settings_get
 
@@ -63,7 +64,7 @@ def staged_withdraw(
     # A row the lock waited for comes back as the delivery committed it.
     candidates = [
         (pk, user)
-        for pk, user, status, sent_at in locked
+        for pk, user, status, sent_at in retry_if_moved(lambda: list(locked))
         if status == Status.SENT and sent_at > now
     ]
     if not candidates:
@@ -83,7 +84,7 @@ def staged_withdraw(
         chunk = ReminderSubscription.objects.select_for_update().filter(
             pk__in=mates[start : start + BULK_CHUNK], status=Status.SENT
         )
-        back = list(chunk)
+        back = retry_if_moved(lambda chunk=chunk: list(chunk))
         chunk.update(status=Status.SCHEDULED, sent_at=None, updated_at=now)
         for sub in back:
             sub.status = Status.SCHEDULED

@@ -1,7 +1,9 @@
 """Coupon reminder subscriptions (docs/reminders.md) on the engine's ``coupon.reminder`` topic.
 
 Invariants:
-- one subscription per (user, coupon); subscribing twice is a no-op;
+- one subscription per (user, coupon); subscribing twice is a no-op. On PostgreSQL the unique
+  index covers the live rows (scheduled, failed: reminders/partition_layout.py); a finished one
+  is found first and scheduled afresh, never doubled by a new row;
 - ``remind_at = coupon.claim_opens_at - coupon.reminder_lead``;
 - the row commits first and is indexed in Redis on commit; the entry's member is the
   subscription id (``members.member``) in slot ``crc32(user_id) & (slots - 1)``, and the
@@ -14,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import Case, IntegerField, Value, When
 from django.utils import timezone
 
 from couponcenter.core import tracing
+from couponcenter.core.db.row_movement import retry_if_moved
 from couponcenter.core.errors import BusinessError
 from couponcenter.coupons import rules
 from couponcenter.coupons.models import Coupon
@@ -62,16 +66,24 @@ def subscription_subscribe(
         raise SubscribeRefused(refusal)
     slots = reminder_settings_get().slots
     with transaction.atomic():
-        sub, created = ReminderSubscription.objects.select_for_update().get_or_create(
-            user_id=user_id,
-            coupon=coupon,
-            defaults={
-                "remind_at": remind_at_for(coupon),
-                "slot": slot_for(user_id, slots),
-                "priority": coupon.reminder_priority,
-                "traceparent": tracing.current_traceparent(),
-            },
-        )
+        sub = _subscription_locked(user_id, coupon)
+        created = sub is None
+        if sub is None:
+            try:
+                with transaction.atomic():
+                    sub = ReminderSubscription.objects.create(
+                        user_id=user_id,
+                        coupon=coupon,
+                        remind_at=remind_at_for(coupon),
+                        slot=slot_for(user_id, slots),
+                        priority=coupon.reminder_priority,
+                        traceparent=tracing.current_traceparent(),
+                    )
+            except IntegrityError:  # a concurrent subscribe made it first: as if it were here
+                sub = _subscription_locked(user_id, coupon)
+                if sub is None:
+                    raise
+                created = False
         if not created and sub.status in (Status.SCHEDULED, Status.SENT):
             return sub, False  # pending, or the user was reminded already: a no-op
         if sub.status == Status.FAILED:  # its entry is dead in its old slot (and topic)
@@ -87,6 +99,24 @@ def subscription_subscribe(
     return sub, True
 
 
+def _subscription_locked(user_id: int, coupon: Coupon) -> ReminderSubscription | None:
+    """The (user, coupon) subscription, row-locked: the live one (at most one, by the unique
+    index), else the latest finished one (a second exists only if a subscribe raced a cancel)."""
+    rows = (
+        ReminderSubscription.objects.select_for_update()
+        .filter(user_id=user_id, coupon=coupon)
+        .order_by(
+            Case(
+                When(status__in=(Status.SCHEDULED, Status.FAILED), then=Value(0)),
+                default=Value(1),
+                output_field=IntegerField(),
+            ),
+            "-pk",
+        )
+    )
+    return retry_if_moved(rows.first)
+
+
 def subscription_unsubscribe(*, user_id: int, coupon_id: int) -> bool:
     """Cancel a user's reminder; idempotent. True if a scheduled (or staged, still hidden)
     reminder was cancelled."""
@@ -94,10 +124,10 @@ def subscription_unsubscribe(*, user_id: int, coupon_id: int) -> bool:
         staged_withdraw(
             subscriptions=ReminderSubscription.objects.filter(user_id=user_id, coupon_id=coupon_id)
         )  # takes the row lock, waiting for a delivery staging it right now
-        sub = (
+        sub = retry_if_moved(
             ReminderSubscription.objects.select_for_update()
             .filter(user_id=user_id, coupon_id=coupon_id, status=Status.SCHEDULED)
-            .first()
+            .first
         )
         if sub is None:
             return False
@@ -113,7 +143,7 @@ def subscriptions_reschedule_for_coupon(*, coupon: Coupon) -> int:
     staged_withdraw(subscriptions=ReminderSubscription.objects.filter(coupon=coupon))
     remind_at = remind_at_for(coupon)
     scheduled = ReminderSubscription.objects.filter(coupon=coupon, status=Status.SCHEDULED)
-    moved = scheduled.update(remind_at=remind_at, updated_at=timezone.now())
+    moved = retry_if_moved(lambda: scheduled.update(remind_at=remind_at, updated_at=timezone.now()))
     rows = scheduled.values_list("pk", "user_id", "slot", "priority").order_by("pk")
     due_ms = epoch_ms(remind_at)
 
@@ -135,8 +165,12 @@ def subscriptions_cancel_for_coupon(*, coupon: Coupon) -> int:
     yet."""
     staged_withdraw(subscriptions=ReminderSubscription.objects.filter(coupon=coupon))
     scheduled = ReminderSubscription.objects.filter(coupon=coupon, status=Status.SCHEDULED)
-    rows = list(scheduled.values_list("pk", "slot", "priority"))
-    cancelled = scheduled.update(status=Status.CANCELLED, updated_at=timezone.now())
+
+    def cancel() -> tuple[list, int]:
+        rows = list(scheduled.values_list("pk", "slot", "priority"))
+        return rows, scheduled.update(status=Status.CANCELLED, updated_at=timezone.now())
+
+    rows, cancelled = retry_if_moved(cancel)
     unindex_on_commit(rows)
     return cancelled
 
@@ -147,8 +181,11 @@ def subscriptions_drop_for_coupon(*, coupon: Coupon, reason: str) -> int:
     coupon then)."""
     withdrawn = staged_withdraw(subscriptions=ReminderSubscription.objects.filter(coupon=coupon))
     if withdrawn:
-        ReminderSubscription.objects.filter(pk__in=withdrawn).update(
-            status=Status.DROPPED, drop_reason=reason, updated_at=timezone.now()
+        staged = ReminderSubscription.objects.filter(pk__in=withdrawn)
+        retry_if_moved(
+            lambda: staged.update(
+                status=Status.DROPPED, drop_reason=reason, updated_at=timezone.now()
+            )
         )
     return len(withdrawn)
 

@@ -22,6 +22,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from couponcenter.core.db.row_movement import retry_if_moved
 from couponcenter.core.errors import BusinessError
 from reminders.engine import queue
 from reminders.models import TimeoutJob, TimeoutTopic
@@ -110,9 +111,10 @@ def _purge_finished(name: str) -> int:
             )
             if not chunk:
                 return purged
-            TimeoutJob.objects.filter(pk__in=[pk for pk, _ in chunk]).exclude(
+            finished = TimeoutJob.objects.filter(pk__in=[pk for pk, _ in chunk]).exclude(
                 status__in=LIVE
-            ).delete()
+            )
+            retry_if_moved(finished.delete)
             entries = [(str(pk), slot) for pk, slot in chunk]
             transaction.on_commit(lambda entries=entries: queue.cancel_many(name, entries))
         purged += len(chunk)

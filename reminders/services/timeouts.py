@@ -24,6 +24,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from couponcenter.core import tracing
+from couponcenter.core.db.row_movement import retry_if_moved
 from couponcenter.core.errors import BusinessError, QuotaExceeded
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
@@ -224,8 +225,9 @@ def timeout_job_reschedule(*, job: TimeoutJob, action_time: datetime) -> Timeout
     is refused with ``not_pending``: cancel and reschedule racing the firing have exactly one
     outcome, since the handler fires only rows it moved from pending to running itself."""
     with transaction.atomic():
-        moved = TimeoutJob.objects.filter(_pending_by_pk(job.pk)).update(
-            action_time=action_time, gmt_modified=timezone.now()
+        pending = TimeoutJob.objects.filter(_pending_by_pk(job.pk))
+        moved = retry_if_moved(
+            lambda: pending.update(action_time=action_time, gmt_modified=timezone.now())
         )
         job.refresh_from_db()
         if not moved:
@@ -241,8 +243,9 @@ def timeout_job_reschedule(*, job: TimeoutJob, action_time: datetime) -> Timeout
 
 def timeout_job_cancel(*, job: TimeoutJob) -> TimeoutJob:
     """Cancel a pending job; a job that already fired or was cancelled is left as it is."""
-    cancelled = TimeoutJob.objects.filter(_pending_by_pk(job.pk)).update(
-        status=TimeoutJob.Status.CANCELLED, gmt_modified=timezone.now()
+    pending = TimeoutJob.objects.filter(_pending_by_pk(job.pk))
+    cancelled = retry_if_moved(
+        lambda: pending.update(status=TimeoutJob.Status.CANCELLED, gmt_modified=timezone.now())
     )
     job.refresh_from_db()
     if not cancelled:
@@ -263,7 +266,8 @@ def timeout_job_end(*, job: TimeoutJob, reason: str, by: str) -> TimeoutJob:
     text = f"ended by {by}: {reason}"[:500]
     now = timezone.now()
     append = HISTORY_APPEND[connection.vendor == "postgresql"]
-    try:
+
+    def end() -> bool:
         with transaction.atomic(), connection.cursor() as cursor:
             if connection.vendor == "postgresql":
                 cursor.execute(f"SET LOCAL lock_timeout = {END_LOCK_TIMEOUT_MS}")
@@ -284,7 +288,10 @@ def timeout_job_end(*, job: TimeoutJob, reason: str, by: str) -> TimeoutJob:
                     Status.RUNNING,
                 ],
             )
-            ended = cursor.fetchone() is not None
+            return cursor.fetchone() is not None
+
+    try:
+        ended = retry_if_moved(end)
     except OperationalError as exc:
         if getattr(exc.__cause__, "pgcode", None) != LOCK_NOT_AVAILABLE:
             raise

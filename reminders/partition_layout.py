@@ -264,6 +264,13 @@ def partition_attach(cursor, layout: StatusLayout, *, upper: datetime) -> str:
     # DEFAULT before the attach narrowed it would fail its partition check; held off here, it
     # routes the row once the attach is committed, into the attached table.
     cursor.execute(f"LOCK TABLE {layout.done_leaf} IN ACCESS EXCLUSIVE MODE")
+    cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {legacy})")
+    if not cursor.fetchone()[0]:
+        # Nothing finished to keep (a new database): no partition from MINVALUE, which no
+        # retention could drop before its day ends. The days start today; an older key goes to
+        # DEFAULT, which the retention clears.
+        cursor.execute(f"DROP TABLE {legacy}")
+        return name
     key = layout.finished_at
     cursor.execute(f"INSERT INTO {legacy} SELECT * FROM {layout.default} WHERE {key} < %s", [upper])
     cursor.execute(f"DELETE FROM {layout.default} WHERE {key} < %s", [upper])

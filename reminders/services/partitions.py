@@ -7,6 +7,7 @@ partitions) it does nothing and the retention is a batched ``DELETE`` instead.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -50,18 +51,63 @@ def reminder_partitions_maintain(
     subscriptions). A retention of 0 keeps everything. Call it outside a transaction. Does
     nothing while another process maintains them (``report.skipped``)."""
     report = PartitionsReport()
-    pairs: list[tuple[StatusLayout, timedelta]] = [
-        (TIMEOUT_JOBS, timeout_job_retention),
-        (SUBSCRIPTIONS, subscription_retention),
-    ]
     if not (timeout_jobs_partitioned() or subscriptions_partitioned()):
         return report
     with maintenance_turn(MAINTAIN_LOCK) as mine:
         if not mine:
             report.skipped = True
             return report
-        for layout, retention in pairs:
-            spec = layout.done_days
-            report.created += partitions_ensure(spec, now=now)
-            report.dropped[spec.table] = partitions_drop_expired(spec, retention=retention, now=now)
+        report.created = _ensure(now=now)
+        for layout, retention in (
+            (TIMEOUT_JOBS, timeout_job_retention),
+            (SUBSCRIPTIONS, subscription_retention),
+        ):
+            report.dropped[layout.done_leaf] = _drop(layout, retention=retention, now=now)
     return report
+
+
+def reminder_partitions_ensure(*, now: datetime) -> list[str]:
+    """The done leaves' days from today to their horizon; the names created. Nothing on SQLite,
+    before the migrations, or while another process maintains them."""
+    if not (timeout_jobs_partitioned() or subscriptions_partitioned()):
+        return []
+    with maintenance_turn(MAINTAIN_LOCK) as mine:
+        return _ensure(now=now) if mine else []
+
+
+def timeout_jobs_drop(*, now: datetime, retention: timedelta, dead_retention: timedelta) -> int:
+    """Drop the days of finished jobs older than ``retention``, except a day holding a dead job
+    younger than ``dead_retention`` (0: dead jobs are kept forever), which can still be requeued.
+    The rows removed."""
+    if not retention or not timeout_jobs_partitioned():
+        return 0
+    dead = f"status = {TimeoutJob.Status.DEAD}"
+    if dead_retention:
+        dead += f" AND gmt_modified >= '{(now - dead_retention).isoformat()}'::timestamptz"
+    with maintenance_turn(MAINTAIN_LOCK) as mine:
+        return _drop(TIMEOUT_JOBS, retention=retention, now=now, keep=dead).rows if mine else 0
+
+
+def subscriptions_drop(*, now: datetime, retention: timedelta) -> int:
+    """Drop the days of sent, cancelled and dropped subscriptions older than ``retention`` (the
+    failed ones stay in the live leaf, with the scheduled). The rows removed."""
+    if not retention or not subscriptions_partitioned():
+        return 0
+    with maintenance_turn(MAINTAIN_LOCK) as mine:
+        return _drop(SUBSCRIPTIONS, retention=retention, now=now).rows if mine else 0
+
+
+def _ensure(*, now: datetime) -> list[str]:
+    return [
+        name
+        for layout in (TIMEOUT_JOBS, SUBSCRIPTIONS)
+        if partitioned(layout.done_leaf)
+        for name in partitions_ensure(layout.done_days, now=now)
+    ]
+
+
+def _drop(
+    layout: StatusLayout, *, retention: timedelta, now: datetime, keep: str = ""
+) -> DropReport:
+    spec = dataclasses.replace(layout.done_days, keep=keep) if keep else layout.done_days
+    return partitions_drop_expired(spec, retention=retention, now=now)

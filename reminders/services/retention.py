@@ -12,6 +12,11 @@ What goes, each after its ``ReminderSettings`` retention (0: kept forever):
   stays as long as its dead letter too;
 - dead letters (entries of the engine's dead sets, in Redis) that long after they died.
 
+On PostgreSQL notifications, timeout jobs and subscriptions are partitioned by day
+(docs/partitioning.md, docs/timeouts.md "Partitioned tables"): their retention drops whole days
+by the same rules, a day holding any row still kept staying whole; elsewhere it deletes in
+batches.
+
 Removing a notification also removes its line in the ledger that stops a user being reminded
 twice: by then (weeks after its delivery) no redelivery of that reminder is left to stop.
 """
@@ -33,6 +38,7 @@ from reminders.selectors import reminder_settings_get
 from reminders.selectors.queues import topic_slot_counts
 
 from .notification_partitions import notification_partitions_drop, notification_partitions_ensure
+from .partitions import reminder_partitions_ensure, subscriptions_drop, timeout_jobs_drop
 
 # The names the console shows each retention's last run under; the first three are tables (the
 # partition check asks about them), the notifications' two retentions share their table.
@@ -153,12 +159,31 @@ def reminders_retention(
     # On PostgreSQL notifications go by whole days, both retentions in one drop (each run
     # offers it; the second finds nothing left), after the days ahead are made.
     notification_partitions_ensure(now=now)
+    # Timeout jobs and subscriptions: their done leaves' days, a day with a dead job that can
+    # still be requeued kept whole; failed subscriptions stay in the live leaf, so they still go
+    # in batches.
+    reminder_partitions_ensure(now=now)
+    failed_keep = _longer(live.subscription_retention, live.dead_letter_retention)
+    failed = ReminderSubscription.objects.filter(
+        status=Sub.FAILED, updated_at__lt=now - failed_keep
+    )
+
+    def subscriptions_drop_and_failed() -> int:
+        dropped = subscriptions_drop(now=now, retention=live.subscription_retention)
+        return dropped + (batches(failed)()[0] if failed_keep else 0)
+
     drops = {
         NOTIFICATIONS: lambda: notification_partitions_drop(
             now=now,
             read_retention=live.notification_read_retention,
             unread_retention=live.notification_unread_retention,
-        )
+        ),
+        TIMEOUT_JOBS: lambda: timeout_jobs_drop(
+            now=now,
+            retention=live.timeout_job_retention,
+            dead_retention=_longer(live.timeout_job_retention, live.dead_letter_retention),
+        ),
+        SUBSCRIPTIONS: subscriptions_drop_and_failed,
     }
     runs = [
         retention_run(

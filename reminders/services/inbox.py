@@ -10,6 +10,7 @@ back at its row's time.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -160,7 +161,7 @@ def _unstage_mates(items: list[Item], now: datetime, window_ms: int) -> list[Ite
             mates |= subs
     if not notes:
         return []
-    kept = []
+    kept: list[tuple] = []
     ids = sorted(mates)
     for start in range(0, len(ids), BULK_CHUNK):
         mates = (
@@ -169,7 +170,7 @@ def _unstage_mates(items: list[Item], now: datetime, window_ms: int) -> list[Ite
             .order_by("pk")
             .values_list("pk", "user_id", "remind_at", "coupon_id", "traceparent")
         )
-        kept += retry_if_moved(lambda mates=mates: list(mates))
+        kept += retry_if_moved(functools.partial(list, mates))
     notifications_delete(notes)
     return [
         Item(member(pk), pk, user, remind_at, coupon, trace)

@@ -8,6 +8,7 @@ subscription ids, so a redelivered message is the same message.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
@@ -93,8 +94,12 @@ def drop_hopeless(items: list[Item], now: datetime, *, marked: str) -> tuple[lis
     for reason, sub_ids in dropped.items():
         rows = ReminderSubscription.objects.filter(pk__in=sub_ids, status=marked)
         count += retry_if_moved(
-            lambda rows=rows, reason=reason: rows.update(
-                status=Status.DROPPED, drop_reason=reason, sent_at=None, updated_at=now
+            functools.partial(
+                rows.update,
+                status=Status.DROPPED,
+                drop_reason=reason,
+                sent_at=None,
+                updated_at=now,
             )
         )
     return kept, count

@@ -17,6 +17,7 @@ a message of their own. A reminder already visible is delivered: nothing is with
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -84,7 +85,7 @@ def staged_withdraw(
         chunk = ReminderSubscription.objects.select_for_update().filter(
             pk__in=mates[start : start + BULK_CHUNK], status=Status.SENT
         )
-        back = retry_if_moved(lambda chunk=chunk: list(chunk))
+        back: list[ReminderSubscription] = retry_if_moved(functools.partial(list, chunk))
         chunk.update(status=Status.SCHEDULED, sent_at=None, updated_at=now)
         for sub in back:
             sub.status = Status.SCHEDULED

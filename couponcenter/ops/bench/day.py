@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import shutil
 import threading
 import time
 import uuid
@@ -89,7 +90,6 @@ class Shape:
     rush_users: int = 20_000
     timeout_burst: int = 20_000
     expiry: int = 1_000_000
-    deploy_gap_s: float = 0.0  # between an old pod's exit and its successor's start
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,9 @@ class Script:
     sweep_at: float
     deploy_at: float
     deploy_order: tuple[str, ...] | None = None  # None: the fleet's order
+    # Seconds between a pod's exit and its successor's start (the orchestrator placing it), per
+    # pod; none by default.
+    deploy_gaps: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def for_day(cls, seconds: float) -> Script:
@@ -128,7 +131,9 @@ def run(
     *,
     progress: Progress | None = None,
     say: Say = lambda line: None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """The whole run; ``env``: settings for the processes it starts, over the production ones."""
     if connection.vendor != "postgresql":
         raise RuntimeError("bench_day needs PostgreSQL (the production processes share it)")
     script = script or Script.for_day(shape.seconds)
@@ -138,7 +143,7 @@ def run(
     saved = settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE
     settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE = prefix, delivery_queue
     result: dict[str, Any] = {"shape": asdict(shape), "script": asdict(script)}
-    fleet = Fleet(prefix, delivery_queue, str(settings.VAR_DIR))
+    fleet = Fleet(prefix, delivery_queue, str(settings.VAR_DIR), env_extra=env or {})
     try:
         _cleanup()
         queue.record_layout(REMINDER_TOPIC, reminder_settings_get().slots)
@@ -378,6 +383,8 @@ class Day:
     def _rush(self) -> dict[str, Any]:
         """``bench_rush``'s rush (wrk, users tapping from a second before the opening) against
         one web pod: the figures it reports, the latency and answers per second."""
+        if not shutil.which("wrk"):
+            return {"skipped": "wrk is not installed (apt-get install wrk; make bench does)"}
         pod = self.fleet.web()
         users = self.shape.rush_users
         connections = min(64, users)
@@ -461,7 +468,7 @@ class Day:
 
     def _deploy(self) -> None:
         self.deploy = self.fleet.rolling_deploy(
-            order=self.script.deploy_order, gap_s=self.shape.deploy_gap_s, say=self.say
+            order=self.script.deploy_order, gaps=dict(self.script.deploy_gaps), say=self.say
         )
 
     def _settle(self) -> None:

@@ -169,12 +169,12 @@ class Fleet:
         self,
         *,
         order: tuple[str, ...] | None = None,
-        gap_s: float = 0.0,
+        gaps: dict[str, float] | None = None,
         say: Callable[[str], None] = lambda line: None,
     ) -> list[dict[str, float | str]]:
-        """Each pod in turn: SIGTERM, wait for it to exit (it drains what it holds), ``gap_s``
-        (the orchestrator placing the new pod), start it again, wait until it is ready. Returns
-        per pod the seconds it was down."""
+        """Each pod in turn: SIGTERM, wait for it to exit (it drains what it holds), its gap in
+        ``gaps`` (the orchestrator placing the new pod), start it again, wait until it is ready.
+        Returns per pod the seconds it was down."""
         steps = []
         for name in order or tuple(p.name for p in self.pods):
             pod = self.pod(name)
@@ -182,7 +182,7 @@ class Fleet:
             say(f"deploy: {name} (pid {pod.pid()}) SIGTERM")
             pod.stop()
             stopped = time.monotonic()
-            time.sleep(gap_s)  # the orchestrator's gap between the old pod and the new one
+            time.sleep((gaps or {}).get(name, 0.0))  # the orchestrator placing the new pod
             pod.start()
             _until_ready(pod)
             pod.restarts += 1

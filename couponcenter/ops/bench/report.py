@@ -404,6 +404,8 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
     days = result.get("days", {})
     out["day_last_of_first"] = days.get("day_last_of_first")
     out["table_bytes_last_of_steady"] = days.get("table_bytes_last_of_steady")
+    # bench_day: each path in the day over the same path alone (``day.ratios``).
+    out.update(result.get("day", {}).get("ratios", {}))
     return out
 
 

@@ -46,7 +46,13 @@ from couponcenter.coupons.bench.lateness import lateness_summary
 from couponcenter.coupons.bench.progress import Progress
 from couponcenter.coupons.models import Coupon, UserCoupon
 from couponcenter.ops.bench.day_fleet import Fleet
-from couponcenter.ops.bench.day_traffic import Samples, Traffic
+from couponcenter.ops.bench.day_traffic import (
+    COUPON_NAME,
+    USER_BASE,
+    Samples,
+    Traffic,
+    reminder_base,
+)
 from expiry.models import ExpiryTask
 from reminders.bench.end_to_end import _inbox_lateness_ms
 from reminders.bench.processes import receiver_process
@@ -59,9 +65,7 @@ from reminders.models import Notification, ReminderSubscription, TimeoutJob, Tim
 from reminders.selectors import reminder_settings_get
 from reminders.services import timeout_jobs_bulk_create, timeout_topic_save
 
-COUPON_NAME = "__bench_day__"
 TOPIC_PREFIX = "bench.day."
-USER_BASE = 9_700_000_000  # reminders' and reads' users, far from real ones (and other benches')
 ACCOUNT = "bench-day"
 CHUNK = 10_000
 WAIT_S = 900  # the longest the run waits for a path to drain before it gives up
@@ -215,7 +219,7 @@ class Day:
         claimed = self.traffic.claimed
         claimer = claimed[len(claimed) // 2] if claimed else USER_ID_BASE
         coupons = self.traffic.reminder_coupons
-        reminded = USER_BASE + coupons[-1].pk * 10_000_000 if coupons else USER_BASE
+        reminded = reminder_base(coupons[-1]) if coupons else USER_BASE
         return claimer, reminded
 
     # --- the phases -------------------------------------------------------------------------------
@@ -348,7 +352,7 @@ class Day:
         the pre-stage window, so that it opens before), else due later (``_due``)."""
         coupon = _coupon(f"burst {phase}", opens=_now() + timedelta(hours=1))
         self.burst_coupons.append(coupon)
-        base = USER_BASE + coupon.pk * 10_000_000
+        base = reminder_base(coupon)
         slots = reminder_settings_get().slots
         far = _now() + timedelta(days=1)
         for lo in range(0, self.shape.burst, CHUNK):

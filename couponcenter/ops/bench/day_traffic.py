@@ -38,6 +38,10 @@ from reminders.models import ReminderSubscription
 from reminders.selectors import reminder_settings_get
 from reminders.services import timeout_jobs_bulk_create
 
+# The bench's rows: its coupons by name, its reminder users from USER_BASE (far from real ones and
+# from the other benchmarks').
+COUPON_NAME = "__bench_day__"
+USER_BASE = 9_700_000_000
 TICK_S = 0.25  # the reminder feeder's and the timeout creator's step
 REMINDER_LEAD_S = 20  # subscriptions are made this long before they fall due
 TIMEOUT_LEAD_S = 2  # an order timeout falls due this long after it is created
@@ -208,13 +212,13 @@ class Traffic:
         """Subscriptions for each ``TICK_S`` of due times, ``REMINDER_LEAD_S`` ahead."""
         per_tick = max(1, round(rate * TICK_S))
         coupon = Coupon.objects.create(
-            name=f"{_name()} reminders {phase}",
+            name=f"{COUPON_NAME} reminders {phase}",
             claim_opens_at=datetime.now(UTC) + timedelta(hours=1),
             total_stock=2_000_000_000,
             valid_for=timedelta(days=1),
         )
         self.reminder_coupons.append(coupon)
-        base = _reminder_base(coupon)
+        base = reminder_base(coupon)
         slots = reminder_settings_get().slots
         due_at = time.time() + REMINDER_LEAD_S
 
@@ -271,14 +275,6 @@ def _closing(fn: Callable[[str, float], None]) -> Callable[[str, float], None]:
     return run
 
 
-def _name() -> str:
-    from couponcenter.ops.bench.day import COUPON_NAME
-
-    return COUPON_NAME
-
-
-def _reminder_base(coupon: Coupon) -> int:
+def reminder_base(coupon: Coupon) -> int:
     """Each reminder coupon's users: their own range (the inbox is joined on the user)."""
-    from couponcenter.ops.bench.day import USER_BASE
-
     return USER_BASE + coupon.pk * 10_000_000

@@ -240,7 +240,7 @@ class Day:
             self._settle()
         ev = self.events["alone"]
         self.say(f"alone: a {s.burst:,}-reminder burst, pre-staged")
-        ev["burst"] = self._burst("alone", due=self._prepare_burst("alone", lead_s=0))
+        ev["burst"] = self._burst("alone", self._prepare_burst("alone", now=True))
         self._settle()
         self.say(f"alone: the claim rush, {s.rush_users:,} users")
         ev["rush"] = self._rush()
@@ -254,13 +254,13 @@ class Day:
     def together(self) -> None:
         s, sc = self.shape, self.script
         self.say(f"the day: {s.seconds:g} s, every path at once; preparing its events")
-        burst_due = self._prepare_burst("together", lead_s=None)
+        burst_coupon = self._prepare_burst("together", now=False)
         sweep_coupon = self._load_expiry(lead_s=None)
         timeout_topic = f"{TOPIC_PREFIX}burst-together"
         made = self._create_timeouts(timeout_topic, s.timeout_burst, at=_now() + timedelta(days=1))
         # The day's start: far enough ahead for the events' due times to be set before it.
         start = time.time() + 5 + (s.burst + s.timeout_burst) / 25_000 + s.expiry / 25_000
-        self._due(burst_due, start + sc.burst_at)
+        self._due(burst_coupon, start + sc.burst_at)
         _expiry_due(sweep_coupon, start + sc.sweep_at)
         _timeouts_due(timeout_topic, start + sc.timeout_burst_at)
         if time.time() > start:
@@ -279,7 +279,7 @@ class Day:
         ev = self.events["together"]
         events = [
             (sc.rush_at - bench_rush.PREPARE_S - bench_rush.LEAD_S, "rush", self._rush),
-            (sc.burst_at, "burst", lambda: self._burst("together", due=start + sc.burst_at)),
+            (sc.burst_at, "burst", lambda: self._burst("together", burst_coupon)),
             (
                 sc.timeout_burst_at,
                 "timeout_burst",
@@ -347,9 +347,9 @@ class Day:
 
     # --- the events -------------------------------------------------------------------------------
 
-    def _prepare_burst(self, phase: str, *, lead_s: float | None) -> Coupon:
-        """``burst`` subscriptions; with ``lead_s``, due that long after they are scheduled (and
-        the pre-stage window, so that it opens before), else due later (``_due``)."""
+    def _prepare_burst(self, phase: str, *, now: bool) -> Coupon:
+        """``burst`` subscriptions; ``now``: due as soon as they can be scheduled and the
+        pre-stage window opened before, else a day ahead until ``_due``."""
         coupon = _coupon(f"burst {phase}", opens=_now() + timedelta(hours=1))
         self.burst_coupons.append(coupon)
         base = reminder_base(coupon)
@@ -364,7 +364,7 @@ class Day:
                 for i in range(lo, hi)
             )
             self.progress(f"{phase}: burst subscriptions", hi, self.shape.burst)
-        if lead_s is not None:
+        if now:
             window = reminder_settings_get().prestage_ms / 1000
             self._due(coupon, time.time() + self.shape.burst / 25_000 + 3 + window)
         return coupon
@@ -374,10 +374,9 @@ class Day:
         ReminderSubscription.objects.filter(coupon=coupon).update(remind_at=due)
         subs = ReminderSubscription.objects.filter(coupon=coupon).values_list("pk", "slot")
         queue.schedule_many(REMINDER_TOPIC, [(member(pk), epoch_ms(due), s) for pk, s in subs])
-        coupon.burst_due = at  # type: ignore[attr-defined]
 
-    def _burst(self, phase: str, *, due: Coupon | float) -> dict[str, Any]:
-        coupon = due if isinstance(due, Coupon) else self.burst_coupons[-1]
+    def _burst(self, phase: str, coupon: Coupon) -> dict[str, Any]:
+        """Until the burst is all in the inbox; its lateness."""
         inbox = Notification.objects.filter(
             user_id__in=ReminderSubscription.objects.filter(coupon=coupon).values("user_id")
         )

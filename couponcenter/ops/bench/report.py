@@ -454,6 +454,8 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
     out["table_bytes_last_of_steady"] = days.get("table_bytes_last_of_steady")
     out["fanout_of_wrk"] = result.get("fanout", {}).get("fanout_of_wrk")
     out["fanout_of_bullmq"] = result.get("fanout", {}).get("fanout_of_bullmq")
+    # bench_day: each path in the day over the same path alone (``day.ratios``).
+    out.update(result.get("day", {}).get("ratios", {}))
     return out
 
 

@@ -19,6 +19,8 @@ Each part measures our figure beside the raw limit of the same work in the same 
 - webhook fan-out against nginx answering 204: our worker's rate / wrk's on the same nginx and
   connections, beside a BullMQ worker (Node, ``fetch``) posting the same webhooks, and each
   worker's CPU seconds per thousand webhooks;
+- a campaign day (``bench_day`` in a shorter form): every path alone, then all at once with a
+  rolling deploy; ``<path>_together_of_alone``, lost and duplicated deliveries;
 - the peers (BullMQ, Celery ETA) on the same Redis and workload, when asked for.
 
 It writes one JSON file and one Markdown table under ``var/bench/`` and returns the JSON.
@@ -45,6 +47,7 @@ from couponcenter.core.redis import get_redis
 from couponcenter.coupons.bench import http as bench_http
 from couponcenter.coupons.bench import rush as bench_rush
 from couponcenter.coupons.bench.progress import Progress
+from couponcenter.ops.bench import day as bench_day
 from couponcenter.ops.bench import days as bench_days
 from couponcenter.ops.bench.report import RATIO_TARGETS, at_a_glance, figures, markdown, ratios
 from expiry import services as expiry_services
@@ -60,6 +63,10 @@ from reminders.selectors import reminder_settings_get
 STEADY_RATE = 5000
 # bench_days's shorter form: D = 3 x the retention, as the target asks, in a few minutes.
 DAYS = bench_days.Shape(days=6, retention_days=2, claims=50_000, reminders=20_000, timeouts=5_000)
+# bench_day's shorter form: a 4-minute day at a tenth of the events' load.
+DAY = bench_day.Shape(
+    seconds=240, alone_s=15, burst=20_000, rush_users=5_000, timeout_burst=5_000, expiry=100_000
+)
 PARTS = (
     "expiry",
     "timeouts",
@@ -67,6 +74,7 @@ PARTS = (
     "raw_inbox",
     "reminders",
     "days",
+    "day",
     "claims",
     "rush",
     "backlog",
@@ -170,6 +178,13 @@ def run(
             f"{DAYS.timeouts:,} order timeouts a day"
         )
         result["days"] = bench_days.run(DAYS, progress=progress, say=say)
+    if "day" in parts:
+        say(
+            f"day: a campaign day of {DAY.seconds / 60:g} minutes, every path alone first, a "
+            f"{DAY.burst:,} burst, a {DAY.rush_users:,}-user rush, {DAY.timeout_burst:,} "
+            f"timeouts, a {DAY.expiry:,} sweep, a rolling deploy"
+        )
+        result["day"] = bench_day.run(DAY, progress=progress, say=say)
     if "claims" in parts:
         say(f"claims over HTTP: {claims_seconds:.0f} s, beside /healthz/live/")
         result["claims"] = bench_http.run(seconds=claims_seconds, progress=say)

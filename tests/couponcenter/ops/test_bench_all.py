@@ -138,3 +138,10 @@ def test_bench_days_ratios_are_in_the_json_and_judged_in_the_table():
     size = rows["days: tables and indexes on day 2"]
     assert (size.value, size.raw_value, size.ratio, size.met) == (120.0, 100.0, 1.2, False)
     assert report.ratios({})["day_last_of_first"] is None
+
+
+def test_bench_day_ratios_are_in_the_json():
+    day = {"ratios": {"claims_together_of_alone": 0.8, "expiry_together_of_alone": 1.4}}
+    ratios = report.ratios({"day": day})
+    assert ratios["claims_together_of_alone"] == 0.8
+    assert ratios["expiry_together_of_alone"] == 1.4

@@ -52,6 +52,10 @@ from tests.support.factories import CouponFactory
         ("bench_days", ["--retention-days", "0"], "--retention-days must be within"),
         ("bench_days", ["--claims", "1"], "--claims must be within"),
         ("bench_days", ["--timeouts", "-5"], "--timeouts must be within"),
+        ("bench_day", ["--minutes", "0"], "--minutes must be within"),
+        ("bench_day", ["--burst", "1"], "--burst must be within"),
+        ("bench_day", ["--expiry", "-1"], "--expiry must be within"),
+        ("bench_day", ["--claims-rate", "0"], "--claims-rate must be within"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(command, args, message):

@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import kombu.pools
+from celery import current_app
 from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Count, Max, Min
 from tqdm import tqdm
@@ -184,7 +186,8 @@ def _bench_coupon(count: int) -> Coupon:
     )
 
 
-_PG_LOAD_SQL = """
+# Claimed coupons and their pending expiry tasks, in one statement (also bench_day's load).
+CLAIMS_LOAD_SQL = """
 WITH uc AS (
     INSERT INTO couponcenter_usercoupon
         (coupon_id, user_id, seq, status, claimed_at, expires_at)
@@ -205,7 +208,7 @@ def bench_data_load(*, coupon: Coupon, count: int, progress: bool = True) -> Non
             with transaction.atomic(), connection.cursor() as cursor:
                 if connection.vendor == "postgresql":
                     params = {"coupon": coupon.pk, "claimed": claimed, "due": BENCH_DUE}
-                    cursor.execute(_PG_LOAD_SQL, {**params, "lo": lo, "hi": hi})
+                    cursor.execute(CLAIMS_LOAD_SQL, {**params, "lo": lo, "hi": hi})
                 else:
                     _load_chunk_portable(cursor, coupon, lo, hi, claimed)
             bar.update(hi - lo + 1)
@@ -314,6 +317,12 @@ def _run_processes(target, args_for: list[tuple]) -> tuple[float, list[tuple]]:
     ctx = multiprocessing.get_context("fork")
     start, results = ctx.Event(), ctx.Queue()
     connections.close_all()  # a forked child must not share the parent's socket
+    # Nor Celery's: kombu closes the pooled connections it inherits in each child, and one
+    # left waiting on a reply (a ping of the workers) blocks that child forever on a socket the
+    # parent reads. Closed here (the app's and kombu's own pools), they are made again when next
+    # used.
+    current_app.close()
+    kombu.pools.reset()
     procs = [ctx.Process(target=target, args=(*args, start, results)) for args in args_for]
     for proc in procs:
         proc.start()

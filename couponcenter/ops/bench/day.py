@@ -29,7 +29,6 @@ import secrets
 import shutil
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
@@ -53,10 +52,11 @@ from couponcenter.ops.bench.day_traffic import (
     Traffic,
     reminder_base,
 )
+from couponcenter.ops.bench.namespace import bench_namespace
+from expiry.bench.sweep import CLAIMS_LOAD_SQL
 from expiry.models import ExpiryTask
 from reminders.bench.end_to_end import _inbox_lateness_ms
 from reminders.bench.processes import receiver_process
-from reminders.bench.tables import delete_keys
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
@@ -142,40 +142,33 @@ def run(
         raise RuntimeError("bench_day needs PostgreSQL (the production processes share it)")
     script = script or Script.for_day(shape.seconds)
     progress = progress or (lambda what, done, total: None)
-    prefix = f"ccbench-{uuid.uuid4().hex[:8]}"
-    delivery_queue = f"bench-{uuid.uuid4().hex[:8]}"
-    saved = settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE
-    settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE = prefix, delivery_queue
     result: dict[str, Any] = {"shape": asdict(shape), "script": asdict(script)}
-    fleet = Fleet(prefix, delivery_queue, str(settings.VAR_DIR), env_extra=env or {})
-    try:
-        _cleanup()
-        queue.record_layout(REMINDER_TOPIC, reminder_settings_get().slots)
-        with receiver_process() as receiver:
-            for phase in ("alone", "together"):
-                for kind in ("steady", "burst"):
-                    _topic(f"{TOPIC_PREFIX}{kind}-{phase}", f"{receiver}/{kind}-{phase}")
-            _, token = accounts.account_ensure(
-                username=ACCOUNT, permissions=("act_for_any_user", "manage_timeouts")
-            )
-            say("starting the production processes (2 web pods, reminder worker, Celery, sweeper)")
-            fleet.start()
-            day = Day(shape, script, fleet, token, receiver, progress, say)
-            try:
-                day.alone()
-                day.together()
-                day.drain()
-                result.update(day.figures())
-            finally:
-                day.traffic.stop()
-    finally:
-        fleet.close()
+    with bench_namespace(_cleanup, say) as (prefix, delivery_queue):
+        fleet = Fleet(prefix, delivery_queue, str(settings.VAR_DIR), env_extra=env or {})
         try:
-            _cleanup()
-        except Exception as exc:  # the run's own error, if any, is the one to raise
-            say(f"the bench rows were not all deleted ({exc}); the next run deletes them first")
-        delete_keys(prefix)
-        settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE = saved
+            queue.record_layout(REMINDER_TOPIC, reminder_settings_get().slots)
+            with receiver_process() as receiver:
+                for phase in ("alone", "together"):
+                    for kind in ("steady", "burst"):
+                        _topic(f"{TOPIC_PREFIX}{kind}-{phase}", f"{receiver}/{kind}-{phase}")
+                _, token = accounts.account_ensure(
+                    username=ACCOUNT, permissions=("act_for_any_user", "manage_timeouts")
+                )
+                say(
+                    "starting the production processes"
+                    " (2 web pods, reminder worker, Celery, sweeper)"
+                )
+                fleet.start()
+                day = Day(shape, script, fleet, token, receiver, progress, say)
+                try:
+                    day.alone()
+                    day.together()
+                    day.drain()
+                    result.update(day.figures())
+                finally:
+                    day.traffic.stop()
+        finally:
+            fleet.close()
     return result
 
 
@@ -446,7 +439,7 @@ class Day:
             hi = min(lo + CHUNK * 5 - 1, count)
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute(
-                    _CLAIMS_SQL,
+                    CLAIMS_LOAD_SQL,
                     {"coupon": coupon.pk, "claimed": claimed, "due": far, "lo": lo, "hi": hi},
                 )
             self.progress("expiry: claims loaded", hi, count)
@@ -724,17 +717,6 @@ def report_lines(result: dict[str, Any]) -> list[str]:
 
 
 # --- helpers --------------------------------------------------------------------------------------
-
-_CLAIMS_SQL = """
-WITH uc AS (
-    INSERT INTO couponcenter_usercoupon
-        (coupon_id, user_id, seq, status, claimed_at, expires_at)
-    SELECT %(coupon)s, g, 1, 'unused', %(claimed)s, %(due)s FROM generate_series(%(lo)s, %(hi)s) g
-    RETURNING id
-)
-INSERT INTO expiry_expirytask (user_coupon_id, expire_at, status, created_at, updated_at)
-SELECT id, %(due)s, 'pending', %(claimed)s, %(claimed)s FROM uc
-"""
 
 
 def _now() -> datetime:

@@ -41,7 +41,6 @@ import multiprocessing
 import os
 import secrets
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -57,6 +56,7 @@ from couponcenter.core.redis import get_redis
 from couponcenter.coupons.bench.progress import Progress
 from couponcenter.coupons.models import Coupon, UserCoupon
 from couponcenter.ops.bench import sweeper_child
+from couponcenter.ops.bench.namespace import bench_namespace
 from couponcenter.ops.bench.report import DAYS_RATE_KEEPS as RATE_KEEPS
 from couponcenter.ops.bench.report import DAYS_SIZE_GROWS as SIZE_GROWS
 from expiry import services as expiry_services
@@ -64,7 +64,6 @@ from expiry.models import ExpirySettings, ExpiryTask
 from expiry.retention import expiry_retention
 from reminders.bench.end_to_end import prestage_window
 from reminders.bench.processes import bench_processes, receiver_process
-from reminders.bench.tables import delete_keys
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
@@ -155,39 +154,27 @@ def run(
     if connection.vendor != "postgresql":
         raise RuntimeError("bench_days needs PostgreSQL (autovacuum, table sizes, dead tuples)")
     progress = progress or (lambda what, done, total: None)
-    prefix = f"ccbench-{uuid.uuid4().hex[:8]}"
-    delivery_queue = f"bench-{uuid.uuid4().hex[:8]}"
-    saved = settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE
-    settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE = prefix, delivery_queue
     days: list[dict[str, Any]] = []
     result: dict[str, Any] = {"shape": shape.__dict__, "days": days}
-    try:
-        _cleanup()
-        with (
-            autovacuum_on(say) as autovacuum,
-            retention_settings(timedelta(days=shape.retention_days)),
-            _environ(WEBHOOK_ALLOW_PRIVATE="1", RETENTION_EVERY_S="86400"),
-            receiver_process() as receiver,
-        ):
-            result["autovacuum"] = autovacuum
-            _topic(receiver)
-            log_dir = str(settings.VAR_DIR)
-            # The burst without pre-staging: its rate is the pipeline's, due second to inbox.
-            with bench_processes(prefix, delivery_queue, log_dir=log_dir), prestage_window(0):
-                # Partitions for the first simulated day exist before its rows are re-dated.
-                day_retention(_simulated_now(1, shape) - timedelta(days=1))
-                for day in range(1, shape.days + 1):
-                    figures = _day(day, shape, progress)
-                    days.append(figures)
-                    say(day_line(figures))
-                    progress("days", day, shape.days)
-    finally:
-        try:
-            _cleanup()
-        except Exception as exc:  # the run's own error, if any, is the one to raise
-            say(f"the bench rows were not all deleted ({exc}); the next run deletes them first")
-        delete_keys(prefix)
-        settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE = saved
+    with (
+        bench_namespace(_cleanup, say) as (prefix, delivery_queue),
+        autovacuum_on(say) as autovacuum,
+        retention_settings(timedelta(days=shape.retention_days)),
+        _environ(WEBHOOK_ALLOW_PRIVATE="1", RETENTION_EVERY_S="86400"),
+        receiver_process() as receiver,
+    ):
+        result["autovacuum"] = autovacuum
+        _topic(receiver)
+        log_dir = str(settings.VAR_DIR)
+        # The burst without pre-staging: its rate is the pipeline's, due second to inbox.
+        with bench_processes(prefix, delivery_queue, log_dir=log_dir), prestage_window(0):
+            # Partitions for the first simulated day exist before its rows are re-dated.
+            day_retention(_simulated_now(1, shape) - timedelta(days=1))
+            for day in range(1, shape.days + 1):
+                figures = _day(day, shape, progress)
+                days.append(figures)
+                say(day_line(figures))
+                progress("days", day, shape.days)
     result.update(summary(days, shape))
     return result
 

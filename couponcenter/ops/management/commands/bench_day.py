@@ -1,15 +1,12 @@
 """A campaign day, compressed, against the production processes: every path alone, then all at
 once with a rolling deploy in the middle (couponcenter.ops.bench.day)."""
 
-import json
-import signal
+import functools
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection
 
-from couponcenter.coupons.bench.progress import progress_bars
 from couponcenter.ops.bench import day
+from couponcenter.ops.bench.command import run_production_bench
 
 
 class Command(BaseCommand):
@@ -51,18 +48,14 @@ class Command(BaseCommand):
             expiry=o["expiry"],
         )
         check(shape)
-        if not settings.DEBUG:
-            raise CommandError("bench_day loads and deletes data: run it with DEBUG=1")
-        if connection.vendor != "postgresql":
-            raise CommandError("bench_day needs PostgreSQL")
-        # SIGTERM unwinds like Ctrl-C: the processes are stopped and the rows deleted either way.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-        with progress_bars(self.stderr._out) as progress:
-            result = day.run(shape, progress=progress, say=self.stderr.write)
-        if o["json"]:
-            self.stdout.write(json.dumps(result, default=str))
-            return
-        self.stdout.write("\n".join(day.report_lines(result)))
+        run_production_bench(
+            self,
+            name="bench_day",
+            needs_postgres="",
+            run=functools.partial(day.run, shape),
+            report_lines=day.report_lines,
+            as_json=o["json"],
+        )
 
 
 def check(shape: day.Shape) -> None:

@@ -1,14 +1,11 @@
 """D days of a campaign calendar, compressed in time, against the production processes."""
 
-import json
-import signal
+import functools
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection
 
-from couponcenter.coupons.bench.progress import progress_bars
 from couponcenter.ops.bench import days
+from couponcenter.ops.bench.command import run_production_bench
 
 
 class Command(BaseCommand):
@@ -37,18 +34,14 @@ class Command(BaseCommand):
             timeouts=options["timeouts"],
         )
         _check(shape)
-        if not settings.DEBUG:
-            raise CommandError("bench_days loads and deletes data: run it with DEBUG=1")
-        if connection.vendor != "postgresql":
-            raise CommandError("bench_days needs PostgreSQL (autovacuum, sizes, dead tuples)")
-        # SIGTERM unwinds like Ctrl-C: autovacuum and the live settings are put back either way.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-        with progress_bars(self.stderr._out) as progress:
-            result = days.run(shape, progress=progress, say=self.stderr.write)
-        if options["json"]:
-            self.stdout.write(json.dumps(result, default=str))
-            return
-        self.stdout.write("\n".join(days.report_lines(result)))
+        run_production_bench(
+            self,
+            name="bench_days",
+            needs_postgres=" (autovacuum, sizes, dead tuples)",
+            run=functools.partial(days.run, shape),
+            report_lines=days.report_lines,
+            as_json=options["json"],
+        )
 
 
 def _check(shape: days.Shape) -> None:

@@ -30,8 +30,6 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-import kombu.pools
-from celery import current_app
 from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Count, Max, Min
 from tqdm import tqdm
@@ -317,12 +315,6 @@ def _run_processes(target, args_for: list[tuple]) -> tuple[float, list[tuple]]:
     ctx = multiprocessing.get_context("fork")
     start, results = ctx.Event(), ctx.Queue()
     connections.close_all()  # a forked child must not share the parent's socket
-    # Nor Celery's: kombu closes the pooled connections it inherits in each child, and one
-    # left waiting on a reply (a ping of the workers) blocks that child forever on a socket the
-    # parent reads. Closed here (the app's and kombu's own pools), they are made again when next
-    # used.
-    current_app.close()
-    kombu.pools.reset()
     procs = [ctx.Process(target=target, args=(*args, start, results)) for args in args_for]
     for proc in procs:
         proc.start()

@@ -36,7 +36,7 @@ from couponcenter.coupons.bench.http import stop
 from couponcenter.coupons.bench.lateness import lateness_summary
 from reminders.bench.end_to_end import Progress
 from reminders.bench.peer_tasks import record_lateness
-from reminders.bench.processes import CELERY_CONCURRENCY
+from reminders.bench.processes import CELERY_CONCURRENCY, celery_answers
 from reminders.engine.clock import epoch_ms
 
 BULLMQ_VERSION = "5"
@@ -149,7 +149,7 @@ def _celery_worker(queue: str, log_dir: str) -> subprocess.Popen:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the Celery worker exited with {proc.returncode}")
-        if current_app.control.ping(timeout=0.5):
+        if celery_answers(timeout=0.5):
             return proc
     proc.kill()
     raise RuntimeError("the Celery worker did not answer in time")

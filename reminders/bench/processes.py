@@ -69,10 +69,18 @@ def _wait_ready(procs: list[subprocess.Popen], timeout: float = 60) -> None:
         for proc in procs:
             if proc.poll() is not None:
                 raise RuntimeError(f"bench process exited with {proc.returncode}: {proc.args}")
-        if leases.list_workers() and current_app.control.ping(timeout=0.5):
+        if leases.list_workers() and celery_answers(timeout=0.5):
             return
         time.sleep(0.2)
     raise RuntimeError("bench processes did not become ready in time")
+
+
+def celery_answers(*, timeout: float) -> bool:
+    """Whether a Celery worker answers a control ping, asked on a connection of its own that is
+    closed afterwards: a pooled one would stay waiting on a reply, and a process forked later (a
+    benchmark's children) would block for good in kombu's after-fork cleanup reading it."""
+    with current_app.connection_for_write() as conn:
+        return bool(current_app.control.ping(timeout=timeout, connection=conn))
 
 
 @contextmanager

@@ -18,11 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from celery import current_app
 from django.conf import settings
 
 from couponcenter.coupons.bench.http import Gunicorn, server_env, stop
-from reminders.bench.processes import CELERY_CONCURRENCY, CELERY_NICE
+from reminders.bench.processes import CELERY_CONCURRENCY, CELERY_NICE, celery_answers
 from reminders.engine import leases
 
 READY_S = 120  # a process that is not ready after this long fails the run (Django's start-up)
@@ -126,7 +125,7 @@ class Fleet:
             if name == "reminder-worker":
                 return any(w.pid == proc.pid for w in leases.list_workers())
             if name == "celery":
-                return bool(current_app.control.ping(timeout=0.5))
+                return celery_answers(timeout=0.5)
             return True  # the sweeper: running is ready (it polls for due tasks)
 
         def halt() -> None:

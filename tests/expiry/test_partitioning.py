@@ -13,6 +13,7 @@ from couponcenter.core.db.partitions import partitions_ensure, partitions_list
 from expiry import partitioning, services, sql
 from expiry.models import ExpiryTask
 from tests.support.factories import ExpiryTaskFactory, UserCouponFactory
+from tests.support.plans import relations
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -39,21 +40,6 @@ def tasks(count: int, *, expires_at: datetime) -> list[ExpiryTask]:
         )
         for _ in range(count)
     ]
-
-
-def relations(plan) -> set[str]:
-    """Every table an EXPLAIN (FORMAT JSON) plan reads or writes (an UPDATE names its target,
-    the parent table, which holds no rows itself)."""
-    found = set()
-    if isinstance(plan, dict):
-        if "Relation Name" in plan:
-            found.add(plan["Relation Name"])
-        for value in plan.values():
-            found |= relations(value)
-    elif isinstance(plan, list):
-        for item in plan:
-            found |= relations(item)
-    return found
 
 
 def explain(statement: str, params) -> set[str]:

@@ -18,6 +18,7 @@ from reminders.models import Notification, ReminderSubscription
 from reminders.services import notification_partitions as parts
 from reminders.services.inbox import reminders_deliver_inbox
 from tests.support.factories import CouponFactory
+from tests.support.plans import relations
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -46,19 +47,6 @@ def where(user_id: int) -> list[str]:
             [user_id],
         )
         return [row[0] for row in cursor.fetchall()]
-
-
-def relations(plan) -> set[str]:
-    found = set()
-    if isinstance(plan, dict):
-        if "Relation Name" in plan:
-            found.add(plan["Relation Name"])
-        for value in plan.values():
-            found |= relations(value)
-    elif isinstance(plan, list):
-        for item in plan:
-            found |= relations(item)
-    return found
 
 
 def test_a_redelivery_across_the_day_boundary_writes_nothing():

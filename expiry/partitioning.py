@@ -33,12 +33,14 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
 from couponcenter.core.db.partitions import (
     DAY,
+    DropReport,
     Partitioned,
     day_of,
     maintenance_turn,
@@ -80,15 +82,19 @@ def expiry_partitions_ensure(*, now: datetime) -> list[str]:
         return partitions_ensure(PROCESSED, now=now) if mine else []
 
 
-def expiry_partitions_drop(*, now: datetime, retention: timedelta) -> int:
+def expiry_partitions_drop(
+    *, now: datetime, retention: timedelta, should_stop: Callable[[], bool] = lambda: False
+) -> DropReport:
     """Drop the days of tasks processed more than ``retention`` ago (0 keeps everything): the
-    partitioned way of ``services.expiry_cleanup``; the rows removed."""
+    partitioned way of ``services.expiry_cleanup``, stopping between days when asked."""
     if not partitioned_tasks():
-        return 0
+        return DropReport()
     with maintenance_turn(MAINTAIN_LOCK) as mine:
         if not mine:
-            return 0
-        return partitions_drop_expired(PROCESSED, retention=retention, now=now).rows
+            return DropReport()
+        return partitions_drop_expired(
+            PROCESSED, retention=retention, now=now, should_stop=should_stop
+        )
 
 
 # --- the migration -------------------------------------------------------------------------------

@@ -118,7 +118,9 @@ def expiry_retention(
             EXPIRY_TASKS,
             retention=config.retention,
             delete=tasks,
-            drop=lambda: partitioning.expiry_partitions_drop(now=now, retention=config.retention),
+            drop=lambda: partitioning.expiry_partitions_drop(
+                now=now, retention=config.retention, should_stop=should_stop
+            ),
         ),
         retention_run(USER_COUPONS, retention=config.user_coupon_retention, delete=user_coupons),
     ]

@@ -8,7 +8,8 @@ Invariants:
 - a table's rows go one of two ways, chosen by one check (``table_partitioned``): whole
   partitions dropped (a partitioned table on PostgreSQL) or a batched DELETE, one batch per
   transaction, in primary-key order resumed after the last key (no OFFSET), stopping on a short
-  batch or when asked to (the batch in flight commits); a stopped pass resumes on the next one;
+  batch; either way it stops when asked to between two drops or batches (the one in flight
+  commits), and a stopped pass resumes on the next one;
 - each batch re-checks its condition in the DELETE itself and locks its rows with ``SKIP
   LOCKED``: a row a hot path holds (a job firing, a notification being read, a coupon being
   redeemed) is left for the next pass, and a row that changed since it was chosen is not removed;
@@ -34,7 +35,7 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
-from couponcenter.core.db.partitions import partitioned
+from couponcenter.core.db.partitions import DropReport, partitioned
 from couponcenter.core.durations import MaxDurationValidator, MinDurationValidator
 from couponcenter.core.redis import get_redis
 
@@ -88,12 +89,12 @@ def retention_run(
     *,
     retention: timedelta,
     delete: Callable[[], tuple[int, bool]],
-    drop: Callable[[], int] | None = None,
+    drop: Callable[[], DropReport] | None = None,
     table: str = "",
 ) -> RetentionRun:
-    """Run one retention and record it under ``name``: ``drop`` (whole partitions, returns the
-    rows dropped) when ``table`` (default: ``name``) is partitioned and the app gave one, else
-    ``delete`` (batches, returns the rows deleted and whether it was stopped). A retention of 0
+    """Run one retention and record it under ``name``: ``drop`` (whole partitions) when
+    ``table`` (default: ``name``) is partitioned and the app gave one, else ``delete`` (batches,
+    returns the rows deleted and whether it was stopped). A retention of 0
     runs neither. A database error propagates after it is recorded (the caller's pass logs it
     and goes on)."""
     run = RetentionRun(name=name, retention=retention)
@@ -102,7 +103,8 @@ def retention_run(
         if not retention:
             run.way = "kept"
         elif drop is not None and table_partitioned(table or name):
-            run.way, run.removed = "drop", drop()
+            report = drop()
+            run.way, run.removed, run.stopped = "drop", report.rows, report.stopped
         else:
             run.removed, run.stopped = delete()
     except Exception as exc:

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
 from couponcenter.core.db.partitions import (
     DAY,
+    DropReport,
     Partitioned,
     day_of,
     maintenance_turn,
@@ -65,15 +67,19 @@ def notification_partitions_ensure(*, now: datetime) -> list[str]:
 
 
 def notification_partitions_drop(
-    *, now: datetime, read_retention: timedelta, unread_retention: timedelta
-) -> int:
+    *,
+    now: datetime,
+    read_retention: timedelta,
+    unread_retention: timedelta,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> DropReport:
     """Drop the days every notification of which is past its retention (0: kept forever), by the
     rules of the batched way (``reminders.services.retention``): a read one that long after it was
     read, an unread one that long after it was shown, never one held for a digest. A day holding
-    any other row stays whole. The rows removed."""
+    any other row stays whole. Stops between days when asked."""
     shorter = min((r for r in (read_retention, unread_retention) if r), default=timedelta(0))
     if not shorter or not notifications_partitioned():
-        return 0
+        return DropReport()
     spec = Partitioned(
         NOTIFICATIONS.table,
         NOTIFICATIONS.column,
@@ -81,8 +87,8 @@ def notification_partitions_drop(
     )
     with maintenance_turn(MAINTAIN_LOCK) as mine:
         if not mine:
-            return 0
-        return partitions_drop_expired(spec, retention=shorter, now=now).rows
+            return DropReport()
+        return partitions_drop_expired(spec, retention=shorter, now=now, should_stop=should_stop)
 
 
 def _still_kept(*, now: datetime, read: timedelta, unread: timedelta) -> str:

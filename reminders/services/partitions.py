@@ -8,6 +8,7 @@ partitions) it does nothing and the retention is a batched ``DELETE`` instead.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -75,26 +76,38 @@ def reminder_partitions_ensure(*, now: datetime) -> list[str]:
         return _ensure(now=now) if mine else []
 
 
-def timeout_jobs_drop(*, now: datetime, retention: timedelta, dead_retention: timedelta) -> int:
+def timeout_jobs_drop(
+    *,
+    now: datetime,
+    retention: timedelta,
+    dead_retention: timedelta,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> DropReport:
     """Drop the days of finished jobs older than ``retention``, except a day holding a dead job
-    younger than ``dead_retention`` (0: dead jobs are kept forever), which can still be requeued.
-    The rows removed."""
+    younger than ``dead_retention`` (0: dead jobs are kept forever), which can still be requeued;
+    stopping between days when asked."""
     if not retention or not timeout_jobs_partitioned():
-        return 0
+        return DropReport()
     dead = f"status = {TimeoutJob.Status.DEAD}"
     if dead_retention:
         dead += f" AND gmt_modified >= '{(now - dead_retention).isoformat()}'::timestamptz"
     with maintenance_turn(MAINTAIN_LOCK) as mine:
-        return _drop(TIMEOUT_JOBS, retention=retention, now=now, keep=dead).rows if mine else 0
+        if not mine:
+            return DropReport()
+        return _drop(TIMEOUT_JOBS, retention=retention, now=now, keep=dead, should_stop=should_stop)
 
 
-def subscriptions_drop(*, now: datetime, retention: timedelta) -> int:
+def subscriptions_drop(
+    *, now: datetime, retention: timedelta, should_stop: Callable[[], bool] = lambda: False
+) -> DropReport:
     """Drop the days of sent, cancelled and dropped subscriptions older than ``retention`` (the
-    failed ones stay in the live leaf, with the scheduled). The rows removed."""
+    failed ones stay in the live leaf, with the scheduled), stopping between days when asked."""
     if not retention or not subscriptions_partitioned():
-        return 0
+        return DropReport()
     with maintenance_turn(MAINTAIN_LOCK) as mine:
-        return _drop(SUBSCRIPTIONS, retention=retention, now=now).rows if mine else 0
+        if not mine:
+            return DropReport()
+        return _drop(SUBSCRIPTIONS, retention=retention, now=now, should_stop=should_stop)
 
 
 def _ensure(*, now: datetime) -> list[str]:
@@ -107,7 +120,12 @@ def _ensure(*, now: datetime) -> list[str]:
 
 
 def _drop(
-    layout: StatusLayout, *, retention: timedelta, now: datetime, keep: str = ""
+    layout: StatusLayout,
+    *,
+    retention: timedelta,
+    now: datetime,
+    should_stop: Callable[[], bool],
+    keep: str = "",
 ) -> DropReport:
     spec = dataclasses.replace(layout.done_days, keep=keep) if keep else layout.done_days
-    return partitions_drop_expired(spec, retention=retention, now=now)
+    return partitions_drop_expired(spec, retention=retention, now=now, should_stop=should_stop)

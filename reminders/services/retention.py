@@ -30,6 +30,7 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from couponcenter.core.db.partitions import DropReport
 from couponcenter.core.retention import RetentionRun, delete_in_batches, retention_run
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
@@ -168,20 +169,27 @@ def reminders_retention(
         status=Sub.FAILED, updated_at__lt=now - failed_keep
     )
 
-    def subscriptions_drop_and_failed() -> int:
-        dropped = subscriptions_drop(now=now, retention=live.subscription_retention)
-        return dropped + (batches(failed)()[0] if failed_keep else 0)
+    def subscriptions_drop_and_failed() -> DropReport:
+        report = subscriptions_drop(
+            now=now, retention=live.subscription_retention, should_stop=should_stop
+        )
+        if failed_keep and not report.stopped:
+            deleted, report.stopped = batches(failed)()
+            report.rows += deleted
+        return report
 
     drops = {
         NOTIFICATIONS: lambda: notification_partitions_drop(
             now=now,
             read_retention=live.notification_read_retention,
             unread_retention=live.notification_unread_retention,
+            should_stop=should_stop,
         ),
         TIMEOUT_JOBS: lambda: timeout_jobs_drop(
             now=now,
             retention=live.timeout_job_retention,
             dead_retention=_longer(live.timeout_job_retention, live.dead_letter_retention),
+            should_stop=should_stop,
         ),
         SUBSCRIPTIONS: subscriptions_drop_and_failed,
     }

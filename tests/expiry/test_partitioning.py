@@ -146,10 +146,10 @@ def test_maintenance_creates_days_ahead_and_drops_processed_days_past_the_retent
 
     created = partitioning.expiry_partitions_ensure(now=now)
     assert {f"{PROCESSED}_p202601{d}" for d in (10, 11, 12)} <= set(created)
-    assert partitioning.expiry_partitions_drop(now=now, retention=timedelta(0)) == 0
+    assert partitioning.expiry_partitions_drop(now=now, retention=timedelta(0)).rows == 0
     assert partitioning.expiry_partitions_ensure(now=now) == []
 
-    removed = partitioning.expiry_partitions_drop(now=now, retention=timedelta(days=7))
+    removed = partitioning.expiry_partitions_drop(now=now, retention=timedelta(days=7)).rows
 
     # Jan 1 ended Jan 2 00:00 = now - retention: gone with its two tasks; Jan 3 not yet.
     assert removed == 2

@@ -132,7 +132,10 @@ def test_a_users_list_reads_no_day_ahead_of_now():
 
 
 def drop(now: datetime, read: timedelta, unread: timedelta) -> int:
-    return parts.notification_partitions_drop(now=now, read_retention=read, unread_retention=unread)
+    report = parts.notification_partitions_drop(
+        now=now, read_retention=read, unread_retention=unread
+    )
+    return report.rows
 
 
 def test_retention_drops_read_days_keeps_days_with_unread_until_their_own_retention():

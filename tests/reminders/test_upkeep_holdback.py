@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db.models.signals import post_delete
+from django.db import connection
 from django.utils import timezone
 
 from couponcenter.core.holdback import HELD, RUNNING, holdback_rows
@@ -72,18 +72,20 @@ def test_the_retention_gives_its_turn_back_while_behind_and_runs_once_on_target(
 def test_a_retention_pass_stops_after_its_batch_when_the_reminders_fall_behind(
     reminder_settings, settings
 ):
+    # On PostgreSQL the table is partitioned and these rows, from a day with no partition, sit in
+    # DEFAULT: the retention's drop deletes them in batches there. Elsewhere, batches of the table.
     settings.RETENTION_BATCH_SIZE = 1
     for label in "abc":
         finished_job(label)
 
-    def first_delete_puts_reminders_behind(**kwargs):
-        behind()
+    def first_delete_puts_reminders_behind(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.lstrip().upper().startswith("DELETE") and "timeoutjob" in sql.lower():
+            behind()
+        return result
 
-    post_delete.connect(first_delete_puts_reminders_behind, sender=TimeoutJob)
-    try:
+    with connection.execute_wrapper(first_delete_puts_reminders_behind):
         RetentionUpkeep()()
-    finally:
-        post_delete.disconnect(first_delete_puts_reminders_behind, sender=TimeoutJob)
     assert TimeoutJob.objects.count() == 2  # the batch in flight finished, the next waited
     last = retention_last_runs([TIMEOUT_JOBS])[TIMEOUT_JOBS]
     assert (last["removed"], last["stopped"]) == ("1", "1")

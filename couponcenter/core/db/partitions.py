@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
 from typing import TypeVar
 
+from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.backends.utils import CursorWrapper
 
@@ -53,8 +54,6 @@ DDL_LOCK_TIMEOUT_MS = 500
 MIGRATION_LOCK_TIMEOUT_MS = 2000
 MIGRATION_ATTEMPTS = 30
 DAY = timedelta(days=1)
-# Rows per DELETE when old keys are cleared out of DEFAULT.
-DEFAULT_DELETE_BATCH = 5000
 # SQLSTATE lock_not_available (lock_timeout), deadlock_detected.
 _BUSY = {"55P03", "40P01"}
 _BOUND = re.compile(r"FOR VALUES FROM \((?P<lo>[^)]*)\) TO \((?P<hi>[^)]*)\)")
@@ -76,6 +75,7 @@ class DropReport:
     kept: list[str] = field(default_factory=list)  # old enough, but holding a ``keep`` row
     busy: list[str] = field(default_factory=list)  # the lock did not come in time: next pass
     rows: int = 0  # rows removed: those of the dropped partitions and those deleted from DEFAULT
+    stopped: bool = False  # asked to stop with partitions or rows maybe left: the next pass goes on
 
 
 @dataclass(frozen=True)
@@ -173,10 +173,18 @@ def partitions_ensure(spec: Partitioned, *, now: datetime) -> list[str]:
 
 
 def partitions_drop_expired(
-    spec: Partitioned, *, retention: timedelta, now: datetime
+    spec: Partitioned,
+    *,
+    retention: timedelta,
+    now: datetime,
+    batch_size: int | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> DropReport:
     """Drop the partitions whose upper bound is at or before ``now - retention`` and that hold no
-    ``spec.keep`` row. ``retention`` 0 keeps everything."""
+    ``spec.keep`` row, then delete DEFAULT's rows from before then, ``batch_size`` (default
+    ``RETENTION_BATCH_SIZE``) per transaction. ``should_stop`` is asked before each drop and each
+    batch: the retention yields to the urgent paths between them. ``retention`` 0 keeps
+    everything."""
     report = DropReport()
     if retention <= timedelta(0) or not partitioned(spec.table):
         return report
@@ -188,6 +196,9 @@ def partitions_drop_expired(
         if spec.keep and _holds(child.name, spec.keep):
             report.kept.append(child.name)
             continue
+        if should_stop():
+            report.stopped = True
+            return _logged(spec, report)
         rows = _count(child.name)
         outcome = _drop(spec, child.name)
         getattr(report, outcome).append(child.name)
@@ -195,7 +206,18 @@ def partitions_drop_expired(
             report.rows += rows
     default = next((child.name for child in children if child.default), None)
     if default is not None:
-        report.rows += _delete_old_from_default(spec, default, cutoff)
+        deleted, report.stopped = _delete_old_from_default(
+            spec,
+            default,
+            cutoff,
+            batch_size=batch_size or settings.RETENTION_BATCH_SIZE,
+            should_stop=should_stop,
+        )
+        report.rows += deleted
+    return _logged(spec, report)
+
+
+def _logged(spec: Partitioned, report: DropReport) -> DropReport:
     if report.rows or report.busy:
         logger.info(
             "partitions %s: dropped %s, kept %s, busy %s, %d rows removed",
@@ -366,12 +388,22 @@ def _count(name: str) -> int:
         return cursor.fetchone()[0]
 
 
-def _delete_old_from_default(spec: Partitioned, default: str, cutoff: datetime) -> int:
+def _delete_old_from_default(
+    spec: Partitioned,
+    default: str,
+    cutoff: datetime,
+    *,
+    batch_size: int,
+    should_stop: Callable[[], bool],
+) -> tuple[int, bool]:
     """Delete, in batches, the rows DEFAULT holds from before ``cutoff``: keys that arrived when
-    their day had no partition (a day not created yet, or already dropped). Few, so a DELETE."""
+    their day had no partition (a day not created yet, or already dropped). Few, so a DELETE.
+    The rows deleted, and whether it stopped when asked with rows maybe left."""
     keep = f"AND NOT ({spec.keep})" if spec.keep else ""
     deleted = 0
     while True:
+        if should_stop():
+            return deleted, True
         try:
             with _ddl_transaction(f"deleting from {default}") as cursor:
                 # A row a hot path holds is skipped (left for the next pass), and the condition
@@ -381,14 +413,14 @@ def _delete_old_from_default(spec: Partitioned, default: str, cutoff: datetime) 
                     f"DELETE FROM {_q(default)} WHERE ctid = ANY(ARRAY(SELECT ctid "
                     f"FROM {_q(default)} WHERE {aged} LIMIT %s FOR UPDATE SKIP LOCKED)) "
                     f"AND {aged}",
-                    [cutoff, DEFAULT_DELETE_BATCH, cutoff],
+                    [cutoff, batch_size, cutoff],
                 )
                 count = cursor.rowcount
         except _Busy:
-            return deleted
+            return deleted, False
         deleted += count
-        if count < DEFAULT_DELETE_BATCH:
-            return deleted
+        if count < batch_size:
+            return deleted, False
 
 
 def _holds(name: str, condition: str, *, cursor=None) -> bool:

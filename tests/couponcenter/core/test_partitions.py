@@ -153,6 +153,32 @@ def test_a_keep_row_blocks_the_drop(parts):
     assert later.dropped == days("20261127")
 
 
+def test_a_drop_stops_between_days_and_batches_when_asked_and_the_next_goes_on(parts):
+    partitions_ensure(parts, now=NOV27)
+    for day in range(3):
+        insert(NOV27 + timedelta(days=day, hours=1))
+    for minute in range(3):  # a day with no partition then: in DEFAULT
+        insert(NOV27 - timedelta(days=1, minutes=minute))
+    asked = []
+
+    def after_one_step() -> bool:
+        asked.append(1)
+        return len(asked) > 1
+
+    now = NOV27 + timedelta(days=5)
+    first = partitions_drop_expired(
+        parts, retention=timedelta(days=1), now=now, should_stop=after_one_step
+    )
+
+    assert first.stopped and first.dropped == days("20261127") and count() == 5
+    asked.clear()
+    second = partitions_drop_expired(
+        parts, retention=timedelta(days=1), now=now, batch_size=1, should_stop=lambda: False
+    )
+    assert not second.stopped and second.dropped == days("20261128", "20261129", "20261130")
+    assert second.rows == 5 and count() == 0
+
+
 def test_retention_zero_drops_nothing(parts):
     partitions_ensure(parts, now=NOV27)
     insert(NOV27 + timedelta(hours=1))

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from couponcenter.core import retention as kernel
-from couponcenter.core.db.partitions import partitioned
+from couponcenter.core.db.partitions import DropReport, partitioned
 from couponcenter.core.retention import (
     RetentionTurn,
     delete_in_batches,
@@ -72,7 +72,7 @@ def test_a_failed_run_is_recorded_with_its_error_and_raises():
 
 def test_the_way_is_chosen_by_the_partition_check(monkeypatch):
     def drop():
-        return 42
+        return DropReport(rows=42)
 
     def delete():
         return 1, False

@@ -124,7 +124,7 @@ def _drop(
     *,
     retention: timedelta,
     now: datetime,
-    should_stop: Callable[[], bool],
+    should_stop: Callable[[], bool] = lambda: False,
     keep: str = "",
 ) -> DropReport:
     spec = dataclasses.replace(layout.done_days, keep=keep) if keep else layout.done_days

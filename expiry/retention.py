@@ -7,8 +7,9 @@
   (the claim window's end, or a fixed expiry, passed). The per-user limit counts a user's rows
   (unique coupon, user, seq): removing them from a coupon still on sale would let the user claim
   it again. An unused user coupon is never removed, whatever its coupon.
-  A user coupon takes its expiry task with it (CASCADE, in the same batch): by then the task is
-  processed (the redeem or the sweep that ended the coupon marked it), so nothing pending goes.
+  Where the expiry tasks are partitioned (PostgreSQL), a user coupon waits until its task's day
+  has been dropped, so the tasks' table never sees a DELETE (no dead rows to vacuum). Elsewhere
+  it takes its processed task with it (CASCADE, in the same batch); a pending one keeps it.
 """
 
 from __future__ import annotations
@@ -53,15 +54,18 @@ def coupons_over(*, before: datetime) -> list[int]:
 
 def user_coupons_aged_out(*, coupon_id: int, before: datetime):
     """One coupon's user coupons used or expired before ``before`` (its unique index leads with
-    the coupon). The expiry-task condition keeps a coupon whose task is somehow still pending."""
-    pending = ExpiryTask.objects.filter(status=ExpiryTask.Status.PENDING)
+    the coupon), whose expiry task is gone (partitioned: its day was dropped) or processed."""
+    if partitioning.partitioned_tasks():
+        kept_for = ExpiryTask.objects.all()
+    else:
+        kept_for = ExpiryTask.objects.filter(status=ExpiryTask.Status.PENDING)
     return (
         UserCoupon.objects.filter(coupon_id=coupon_id)
         .filter(
             Q(status=UserCoupon.Status.USED, used_at__lt=before)
             | Q(status=UserCoupon.Status.EXPIRED, expires_at__lt=before)
         )
-        .filter(~Exists(pending.filter(user_coupon=OuterRef("pk"))))
+        .filter(~Exists(kept_for.filter(user_coupon=OuterRef("pk"))))
     )
 
 

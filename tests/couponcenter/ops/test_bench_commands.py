@@ -52,6 +52,7 @@ from tests.support.factories import CouponFactory
         ("bench_days", ["--retention-days", "0"], "--retention-days must be within"),
         ("bench_days", ["--claims", "1"], "--claims must be within"),
         ("bench_days", ["--timeouts", "-5"], "--timeouts must be within"),
+        ("bench_days", ["--autovacuum-wait", "601"], "--autovacuum-wait must be within"),
         ("bench_day", ["--minutes", "0"], "--minutes must be within"),
         ("bench_day", ["--burst", "1"], "--burst must be within"),
         ("bench_day", ["--expiry", "-1"], "--expiry must be within"),

@@ -23,6 +23,12 @@ class Command(BaseCommand):
         parser.add_argument("--claims", type=int, default=100_000, help="claims a day")
         parser.add_argument("--reminders", type=int, default=50_000, help="the day's burst")
         parser.add_argument("--timeouts", type=int, default=10_000, help="order timeouts a day")
+        parser.add_argument(
+            "--autovacuum-wait",
+            type=float,
+            default=days.AUTOVACUUM_WAIT_S,
+            help="the longest a day's end waits for autovacuum's round, seconds (0..600)",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args, **options):
@@ -32,6 +38,7 @@ class Command(BaseCommand):
             claims=options["claims"],
             reminders=options["reminders"],
             timeouts=options["timeouts"],
+            autovacuum_wait_s=options["autovacuum_wait"],
         )
         _check(shape)
         run_production_bench(
@@ -52,6 +59,8 @@ def _check(shape: days.Shape) -> None:
             f"--days must be at least 3 x --retention-days ({3 * shape.retention_days}) "
             "and at most 400"
         )
+    if not 0 <= shape.autovacuum_wait_s <= 600:
+        raise CommandError("--autovacuum-wait must be within 0..600 seconds")
     for name, value, low in (
         ("claims", shape.claims, 10),
         ("reminders", shape.reminders, 10),

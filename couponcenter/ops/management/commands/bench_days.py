@@ -21,8 +21,8 @@ class Command(BaseCommand):
             "--retention-days", type=int, default=4, help="every live retention, for the run"
         )
         parser.add_argument("--claims", type=int, default=100_000, help="claims a day")
-        parser.add_argument("--reminders", type=int, default=50_000, help="the day's burst")
-        parser.add_argument("--timeouts", type=int, default=10_000, help="order timeouts a day")
+        parser.add_argument("--reminders", type=int, default=100_000, help="the day's burst")
+        parser.add_argument("--timeouts", type=int, default=25_000, help="order timeouts a day")
         parser.add_argument(
             "--autovacuum-wait",
             type=float,

@@ -52,10 +52,11 @@ def coupons_over(*, before: datetime) -> list[int]:
     return list(Coupon.objects.filter(over).order_by("pk").values_list("pk", flat=True))
 
 
-def user_coupons_aged_out(*, coupon_id: int, before: datetime):
+def user_coupons_aged_out(*, coupon_id: int, before: datetime, tasks_partitioned: bool):
     """One coupon's user coupons used or expired before ``before`` (its unique index leads with
-    the coupon), whose expiry task is gone (partitioned: its day was dropped) or processed."""
-    if partitioning.partitioned_tasks():
+    the coupon), whose expiry task is gone (``tasks_partitioned``: its day was dropped) or
+    processed."""
+    if tasks_partitioned:
         kept_for = ExpiryTask.objects.all()
     else:
         kept_for = ExpiryTask.objects.filter(status=ExpiryTask.Status.PENDING)
@@ -78,10 +79,13 @@ def user_coupons_delete(
 ) -> tuple[int, bool]:
     """Delete the aged-out user coupons of every coupon that is over; (deleted, stopped)."""
     before = now - retention
+    tasks_partitioned = partitioning.partitioned_tasks()
     deleted = 0
     for coupon_id in coupons_over(before=before):
         removed, stopped = delete_in_batches(
-            user_coupons_aged_out(coupon_id=coupon_id, before=before),
+            user_coupons_aged_out(
+                coupon_id=coupon_id, before=before, tasks_partitioned=tasks_partitioned
+            ),
             batch_size=batch_size,
             should_stop=should_stop,
         )

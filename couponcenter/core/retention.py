@@ -94,9 +94,8 @@ def retention_run(
 ) -> RetentionRun:
     """Run one retention and record it under ``name``: ``drop`` (whole partitions) when
     ``table`` (default: ``name``) is partitioned and the app gave one, else ``delete`` (batches,
-    returns the rows deleted and whether it was stopped). A retention of 0
-    runs neither. A database error propagates after it is recorded (the caller's pass logs it
-    and goes on)."""
+    returns the rows deleted and whether it was stopped). A retention of 0 runs neither. A
+    database error propagates after it is recorded (the caller's pass logs it and goes on)."""
     run = RetentionRun(name=name, retention=retention)
     started = time.perf_counter()
     try:

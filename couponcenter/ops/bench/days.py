@@ -197,7 +197,7 @@ def _day(day: int, shape: Shape, progress: Progress) -> dict[str, Any]:
     figures: dict[str, Any] = {"day": day}
     figures["expiry_sweep_per_s"], figures["expired"] = _claims_and_night(day, shape, progress)
     figures["inbox_burst_per_s"], figures["inbox"] = _reminder_burst(day, shape, progress)
-    timeouts = _order_timeouts(day, shape, progress)
+    timeouts = _order_timeouts(day, shape, progress, before=marks[TimeoutJob])
     figures.update(timeouts)
     back = timedelta(days=shape.days - day)
     _redate(marks, back)
@@ -322,10 +322,10 @@ def _reminder_burst(day: int, shape: Shape, progress: Progress) -> tuple[int, in
     if timezone.now() >= due:
         raise RuntimeError(f"day {day}: the burst was scheduled after its due second")
     inbox = Notification.objects.filter(user_id__range=(users, users + shape.reminders - 1))
-    _wait(f"day {day}: inbox", inbox.count, shape.reminders, progress)
+    written = _wait(f"day {day}: inbox", inbox.count, shape.reminders, progress)
     # The gateway stamps a batch's rows with the moment it writes them.
     done = inbox.aggregate(last=models.Max("created_at"))["last"]
-    return round(shape.reminders / max((done - due).total_seconds(), 1e-3)), inbox.count()
+    return round(shape.reminders / max((done - due).total_seconds(), 1e-3)), written
 
 
 # --- order timeouts ------------------------------------------------------------------------------
@@ -343,8 +343,8 @@ def _topic(receiver: str) -> None:
     )
 
 
-def _order_timeouts(day: int, shape: Shape, progress: Progress) -> dict[str, Any]:
-    before = _max_pk(TimeoutJob)
+def _order_timeouts(day: int, shape: Shape, progress: Progress, *, before: int) -> dict[str, Any]:
+    """``before``: the largest job id before the day, so its jobs are the ids above."""
     far = timezone.now() + timedelta(hours=1)
     started = time.perf_counter()
     for lo in range(0, shape.timeouts, CHUNK):
@@ -375,14 +375,14 @@ def _order_timeouts(day: int, shape: Shape, progress: Progress) -> dict[str, Any
     processed = TimeoutJob.objects.filter(
         pk__gt=before, topic=TOPIC, status=TimeoutJob.Status.PROCESSED
     )
-    _wait(f"day {day}: timeouts fired", processed.count, fire, progress)
+    fired = _wait(f"day {day}: timeouts fired", processed.count, fire, progress)
     # A fired job's gmt_modified is the moment its firing was recorded.
     done = processed.aggregate(last=models.Max("gmt_modified"))["last"]
     return {
         "timeout_create_per_s": round(shape.timeouts / create_s),
         "timeout_fire_per_s": round(fire / max((done - due).total_seconds(), 1e-3)),
         "timeouts_cancelled": len(cancel),
-        "timeouts_fired": processed.count(),
+        "timeouts_fired": fired,
     }
 
 
@@ -392,8 +392,8 @@ def _forget_topic_keys() -> None:
         client.delete(key)
 
 
-def _wait(what: str, done: Callable[[], int], total: int, progress: Progress) -> None:
-    """Poll ``done()`` every ``POLL_S`` until it reaches ``total``."""
+def _wait(what: str, done: Callable[[], int], total: int, progress: Progress) -> int:
+    """Poll ``done()`` every ``POLL_S`` until it reaches ``total``; its last answer."""
     deadline = time.monotonic() + WAIT_S
     while (n := done()) < total:
         progress(what, n, total)
@@ -401,6 +401,7 @@ def _wait(what: str, done: Callable[[], int], total: int, progress: Progress) ->
             raise RuntimeError(f"{what}: {n} of {total} after {WAIT_S} s")
         time.sleep(POLL_S)
     progress(what, n, total)
+    return n
 
 
 # --- compressed time -----------------------------------------------------------------------------

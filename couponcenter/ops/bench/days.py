@@ -194,6 +194,7 @@ def _simulated_now(day: int, shape: Shape) -> datetime:
 
 def _day(day: int, shape: Shape, progress: Progress) -> dict[str, Any]:
     marks = {model: _max_pk(model) for model in TABLES}
+    buffers = buffer_stats()
     figures: dict[str, Any] = {"day": day}
     figures["expiry_sweep_per_s"], figures["expired"] = _claims_and_night(day, shape, progress)
     figures["inbox_burst_per_s"], figures["inbox"] = _reminder_burst(day, shape, progress)
@@ -201,6 +202,7 @@ def _day(day: int, shape: Shape, progress: Progress) -> dict[str, Any]:
     figures.update(timeouts)
     back = timedelta(days=shape.days - day)
     _redate(marks, back)
+    figures["buffers"] = _since(buffers, buffer_stats())  # the hot paths' share of the day
     figures["retention_removed"] = day_retention(timezone.now() - back)
     figures["dead_tuples_at_day_end"] = {t: s["dead_tuples"] for t, s in table_stats().items()}
     figures["autovacuum_wait_s"] = autovacuum_round(shape.autovacuum_wait_s)
@@ -485,6 +487,47 @@ def table_stats() -> dict[str, dict[str, Any]]:
     return stats
 
 
+def buffer_stats() -> dict[str, dict[str, int]]:
+    """Per table (a partitioned one summed over its partitions, its indexes and TOAST included):
+    the blocks found in PostgreSQL's shared buffers (``hit``) and those read into them from the
+    operating system (``read``), as counted so far (``pg_statio_user_tables``). A day's
+    difference says whether its hot paths ran from shared buffers or paid for the data's size."""
+    stats: dict[str, dict[str, int]] = {}
+    with connection.cursor() as cursor:
+        for model in TABLES:
+            table = model._meta.db_table
+            cursor.execute(
+                """SELECT coalesce(sum(coalesce(heap_blks_read, 0) + coalesce(idx_blks_read, 0)
+                                       + coalesce(toast_blks_read, 0)
+                                       + coalesce(tidx_blks_read, 0)), 0),
+                          coalesce(sum(coalesce(heap_blks_hit, 0) + coalesce(idx_blks_hit, 0)
+                                       + coalesce(toast_blks_hit, 0)
+                                       + coalesce(tidx_blks_hit, 0)), 0)
+                   FROM pg_statio_user_tables
+                   WHERE relid IN (SELECT relid FROM pg_partition_tree(%s::regclass)
+                                   UNION SELECT %s::regclass)""",
+                [table, table],
+            )
+            read, hit = cursor.fetchone()
+            stats[table] = {"read": int(read), "hit": int(hit)}
+    return stats
+
+
+def _since(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict:
+    """``after - before`` per table and counter; a partition dropped meanwhile takes its counts
+    with it, so a difference is never below 0."""
+    return {
+        table: {k: max(v - before.get(table, {}).get(k, 0), 0) for k, v in counts.items()}
+        for table, counts in after.items()
+    }
+
+
+def _hit_share(buffers: dict[str, dict[str, int]]) -> float | None:
+    read = sum(t["read"] for t in buffers.values())
+    hit = sum(t["hit"] for t in buffers.values())
+    return round(hit / (hit + read), 4) if hit + read else None
+
+
 def autovacuum_round(wait_s: float) -> float:
     """Wait, at most ``wait_s``, until autovacuum has vacuumed every table the day wrote (each
     partition of a partitioned one) whose dead tuples are past its threshold
@@ -586,9 +629,20 @@ def day_line(day: dict[str, Any]) -> str:
         f"{day['inbox_burst_per_s']:,}/s, timeouts created {day['timeout_create_per_s']:,}/s "
         f"fired {day['timeout_fire_per_s']:,}/s; tables {total:,.1f} MiB, dead tuples "
         f"{dead:,} of {live:,} live after autovacuum's round ({day['autovacuum_wait_s']} s; "
-        f"{sum(day['dead_tuples_at_day_end'].values()):,} before it); retention removed "
-        f"{day['retention_removed']}"
+        f"{sum(day['dead_tuples_at_day_end'].values()):,} before it); shared buffers "
+        f"{_hit_share(day['buffers'])} of blocks hit, {_read_mib(day):,.1f} MiB read into them; "
+        f"retention removed {day['retention_removed']}"
     )
+
+
+def _read_mib(day: dict[str, Any]) -> float:
+    return sum(t["read"] for t in day["buffers"].values()) * _block_size() / 2**20
+
+
+def _block_size() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('block_size')::int")
+        return cursor.fetchone()[0]
 
 
 def report_lines(result: dict[str, Any]) -> list[str]:
@@ -597,9 +651,10 @@ def report_lines(result: dict[str, Any]) -> list[str]:
     lines.append(
         "| day | "
         + " | ".join(f"{r} /s" for r in RATES)
-        + " | MiB | dead at day end | autovacuum's round s | dead / live after it |"
+        + " | MiB | dead at day end | autovacuum's round s | dead / live after it "
+        "| buffer hits | MiB read |"
     )
-    lines.append("| --- " * (len(RATES) + 5) + "|")
+    lines.append("| --- " * (len(RATES) + 7) + "|")
     for day in result["days"]:
         tables = day["tables"].values()
         dead = sum(t["dead_tuples"] for t in tables)
@@ -608,7 +663,7 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {day['day']} | {rates} | {_total_bytes(day) / 2**20:,.1f} "
             f"| {sum(day['dead_tuples_at_day_end'].values()):,} | {day['autovacuum_wait_s']} "
-            f"| {dead:,} / {live:,} |"
+            f"| {dead:,} / {live:,} | {_hit_share(day['buffers'])} | {_read_mib(day):,.1f} |"
         )
     lines += [
         "",

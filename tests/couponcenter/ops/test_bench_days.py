@@ -68,6 +68,9 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
             }  # fmt: skip
         assert day["tables"][UserCoupon._meta.db_table]["table_bytes"] > 0
         assert set(day["dead_tuples_at_day_end"]) == set(day["tables"])
+        # The sweepers (processes that have exited, so their counts are in) read user coupons.
+        assert set(day["buffers"]) == set(day["tables"])
+        assert day["buffers"][UserCoupon._meta.db_table]["hit"] > 0
         assert 0 <= day["autovacuum_wait_s"] <= SHAPE.autovacuum_wait_s + 2
     # Retention (one day) removes the day before's processed tasks, re-dated a day back, each day.
     removed = [d["retention_removed"][ExpiryTask._meta.db_table] for d in result["days"]]
@@ -86,6 +89,7 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
     lines = days.report_lines(result)
     assert any("last day / first day" in line and "target >= 0.9" in line for line in lines)
     assert any(line.startswith("total size: last day / day 2") for line in lines)
+    assert any("| buffer hits | MiB read |" in line for line in lines)
 
     # It said so, and put autovacuum, the live settings and the database back.
     if autovacuum_before != "on":

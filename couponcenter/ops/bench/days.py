@@ -200,9 +200,9 @@ def _day(day: int, shape: Shape, progress: Progress) -> dict[str, Any]:
     figures["inbox_burst_per_s"], figures["inbox"] = _reminder_burst(day, shape, progress)
     timeouts = _order_timeouts(day, shape, progress, before=marks[TimeoutJob])
     figures.update(timeouts)
+    figures["buffers"] = _since(buffers, buffer_stats())  # the hot paths', not the re-dating's
     back = timedelta(days=shape.days - day)
     _redate(marks, back)
-    figures["buffers"] = _since(buffers, buffer_stats())  # the hot paths' share of the day
     figures["retention_removed"] = day_retention(timezone.now() - back)
     figures["dead_tuples_at_day_end"] = {t: s["dead_tuples"] for t, s in table_stats().items()}
     figures["autovacuum_wait_s"] = autovacuum_round(shape.autovacuum_wait_s)

@@ -578,6 +578,10 @@ def summary(days: list[dict[str, Any]], shape: Shape) -> dict[str, Any]:
         else None
         for rate in RATES
     }
+    # Beside the target's two days, the straight line fitted through every day's rate: one day's
+    # rate swings by a fifth or more on a shared machine, and the line says whether the days
+    # between trend down or only the end points differ.
+    trend = {rate: _fitted_last_of_first([d[f"{rate}_per_s"] for d in days]) for rate in RATES}
     steady_day = min(shape.retention_days + 1, len(days))
     steady = _total_bytes(days[steady_day - 1])
     grows = round(_total_bytes(last) / steady, 3) if steady else None
@@ -593,6 +597,7 @@ def summary(days: list[dict[str, Any]], shape: Shape) -> dict[str, Any]:
     partitioned = [t for t, s in last["tables"].items() if s["partitioned"]]
     return {
         "day_last_of_first": keeps,
+        "day_trend_last_of_first": trend,
         "steady_day": steady_day,
         "table_bytes_steady": steady,
         "table_bytes_last": _total_bytes(last),
@@ -618,6 +623,20 @@ def summary(days: list[dict[str, Any]], shape: Shape) -> dict[str, Any]:
         },
         "partitioned_tables": partitioned,
     }
+
+
+def _fitted_last_of_first(rates: list[float]) -> float | None:
+    """The least-squares line through ``rates`` (one a day): its value on the last day over its
+    value on the first; None with fewer than two days or a line that reaches 0 on the first."""
+    n = len(rates)
+    if n < 2:
+        return None
+    mean_x, mean_y = (n - 1) / 2, sum(rates) / n
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(rates)) / sum(
+        (x - mean_x) ** 2 for x in range(n)
+    )
+    first = mean_y - slope * mean_x
+    return round((first + slope * (n - 1)) / first, 3) if first > 0 else None
 
 
 def day_line(day: dict[str, Any]) -> str:
@@ -686,10 +705,12 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         return "n/a" if value is None else ("met" if value else "NOT MET")
 
     lines.append("")
+    trend = result.get("day_trend_last_of_first", {})
     for rate, ratio in result.get("day_last_of_first", {}).items():
         lines.append(
             f"{rate}: last day / first day = {ratio} (target >= {RATE_KEEPS}): "
-            f"{verdict(f'day_last_of_first.{rate}')}"
+            f"{verdict(f'day_last_of_first.{rate}')}; the line fitted through every day: "
+            f"{trend.get(rate)}"
         )
     lines.append(
         f"total size: last day / day {result.get('steady_day')} (first at full retention) = "

@@ -83,6 +83,7 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
 
     assert set(result["day_last_of_first"]) == set(days.RATES)
     assert all(ratio > 0 for ratio in result["day_last_of_first"].values())
+    assert set(result["day_trend_last_of_first"]) == set(days.RATES)
     assert result["steady_day"] == 2
     assert result["table_bytes_last_of_steady"] > 0
     assert result["met"]["days_at_least_3x_retention"] is True
@@ -155,3 +156,13 @@ def test_sigterm_mid_run_puts_autovacuum_back_and_deletes_the_bench_rows(tmp_pat
     assert _autovacuum() == autovacuum_before
     assert not Coupon.objects.filter(name__startswith=days.COUPON_NAME).exists()
     assert not TimeoutTopic.objects.filter(name=days.TOPIC).exists()
+
+
+def test_the_fitted_line_reads_a_trend_through_the_noise_of_single_days():
+    assert days._fitted_last_of_first([100, 100, 100]) == 1.0
+    # A steady fall: the line ends where the days do.
+    assert days._fitted_last_of_first([100, 90, 80, 70]) == 0.7
+    # Flat but for a slow first day: the end points say 1.3, the line less.
+    assert days._fitted_last_of_first([70, 100, 100, 100, 100, 91]) == 1.174
+    assert days._fitted_last_of_first([100]) is None
+    assert days._fitted_last_of_first([0, 0]) is None

@@ -195,7 +195,7 @@ def _simulated_now(day: int, shape: Shape) -> datetime:
 def _day(day: int, shape: Shape, progress: Progress) -> dict[str, Any]:
     marks = {model: _max_pk(model) for model in TABLES}
     buffers = buffer_stats()
-    figures: dict[str, Any] = {"day": day}
+    figures: dict[str, Any] = {"day": day, "block_size": _block_size()}
     figures["expiry_sweep_per_s"], figures["expired"] = _claims_and_night(day, shape, progress)
     figures["inbox_burst_per_s"], figures["inbox"] = _reminder_burst(day, shape, progress)
     timeouts = _order_timeouts(day, shape, progress, before=marks[TimeoutJob])
@@ -457,6 +457,11 @@ def _redate(marks: dict[type[models.Model], int], back: timedelta) -> None:
 # --- sizes and dead tuples -----------------------------------------------------------------------
 
 
+# A table and, when it is partitioned, each of its partitions (``pg_partition_tree`` alone lists
+# nothing for a plain table); the parameters are the table's name, twice.
+_TREE = "(SELECT relid FROM pg_partition_tree(%s::regclass) UNION SELECT %s::regclass)"
+
+
 def table_stats() -> dict[str, dict[str, Any]]:
     """Per table (a partitioned one summed over its partitions): heap and index bytes, live and
     dead tuples (``pg_stat_user_tables``, which the statistics collector updates within a
@@ -470,8 +475,9 @@ def table_stats() -> dict[str, dict[str, Any]]:
                           coalesce(sum(pg_indexes_size(t.relid)), 0),
                           coalesce(sum(s.n_live_tup), 0), coalesce(sum(s.n_dead_tup), 0),
                           bool_or(c.relkind = 'p')
-                   FROM (SELECT relid FROM pg_partition_tree(%s::regclass)
-                         UNION SELECT %s::regclass) t
+                   FROM """
+                + _TREE
+                + """ t
                    JOIN pg_class c ON c.oid = t.relid
                    LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid""",
                 [table, table],
@@ -503,9 +509,8 @@ def buffer_stats() -> dict[str, dict[str, int]]:
                           coalesce(sum(coalesce(heap_blks_hit, 0) + coalesce(idx_blks_hit, 0)
                                        + coalesce(toast_blks_hit, 0)
                                        + coalesce(tidx_blks_hit, 0)), 0)
-                   FROM pg_statio_user_tables
-                   WHERE relid IN (SELECT relid FROM pg_partition_tree(%s::regclass)
-                                   UNION SELECT %s::regclass)""",
+                   FROM pg_statio_user_tables WHERE relid IN """
+                + _TREE,
                 [table, table],
             )
             read, hit = cursor.fetchone()
@@ -655,7 +660,7 @@ def day_line(day: dict[str, Any]) -> str:
 
 
 def _read_mib(day: dict[str, Any]) -> float:
-    return sum(t["read"] for t in day["buffers"].values()) * _block_size() / 2**20
+    return sum(t["read"] for t in day["buffers"].values()) * day["block_size"] / 2**20
 
 
 def _block_size() -> int:

@@ -97,6 +97,9 @@ WAIT_S = 600  # the longest a phase may take before the run gives up
 # rows' own write times. The polls are kept rare and bounded to the day's rows because they share
 # the two cores with the paths they measure.
 POLL_S = 0.25
+# How often the sweep's parent looks for autovacuum workers while it waits for the sweepers (it
+# has nothing else to do then; the sweep lasts about a second).
+BESIDE_POLL_S = 0.05
 
 # The tables a day writes, each with the rows the bench made (its markers), for sizes, dead
 # tuples, the re-dating and the final cleanup.
@@ -196,7 +199,9 @@ def _day(day: int, shape: Shape, progress: Progress) -> dict[str, Any]:
     marks = {model: _max_pk(model) for model in TABLES}
     buffers = buffer_stats()
     figures: dict[str, Any] = {"day": day, "block_size": _block_size()}
-    figures["expiry_sweep_per_s"], figures["expired"] = _claims_and_night(day, shape, progress)
+    figures["expiry_sweep_per_s"], figures["expired"], figures["night"] = _claims_and_night(
+        day, shape, progress
+    )
     figures["inbox_burst_per_s"], figures["inbox"] = _reminder_burst(day, shape, progress)
     timeouts = _order_timeouts(day, shape, progress, before=marks[TimeoutJob])
     figures.update(timeouts)
@@ -224,7 +229,9 @@ SELECT id, %(due)s, 'pending', %(claimed)s, %(claimed)s FROM uc
 """
 
 
-def _claims_and_night(day: int, shape: Shape, progress: Progress) -> tuple[int, int]:
+def _claims_and_night(
+    day: int, shape: Shape, progress: Progress
+) -> tuple[int, int, dict[str, Any]]:
     now = timezone.now()
     coupon = Coupon.objects.create(
         name=f"{COUPON_NAME} claims {day}",
@@ -247,20 +254,23 @@ def _claims_and_night(day: int, shape: Shape, progress: Progress) -> tuple[int, 
             [UserCoupon.Status.USED, now, coupon.pk, USED_EVERY],
         )
     expected = UserCoupon.objects.filter(coupon=coupon, status=UserCoupon.Status.UNUSED).count()
-    seconds = _sweep(timezone.now())
+    night = _sweep(timezone.now())
+    seconds = night.pop("seconds")
     expired = UserCoupon.objects.filter(coupon=coupon, status=UserCoupon.Status.EXPIRED).count()
     pending = ExpiryTask.objects.filter(
         user_coupon__coupon=coupon, status=ExpiryTask.Status.PENDING
     ).count()
     if expired != expected or pending:
         raise AssertionError(f"day {day}: {expired} of {expected} expired, {pending} pending")
-    return round(expired / seconds), expired
+    return round(expired / seconds), expired, night
 
 
-def _sweep(now: datetime) -> float:
-    """``SWEEPERS`` processes sweeping what is due at ``now``, released together; the seconds
-    until all are done. Spawned, not forked: this process talks to Celery's broker, and a fork
-    after that can hang in kombu's after-fork cleanup."""
+def _sweep(now: datetime) -> dict[str, Any]:
+    """``SWEEPERS`` processes sweeping what is due at ``now``, released together: the seconds
+    until all are done, and what it met: the WAL written meanwhile, its shared-buffer reads,
+    the autovacuum workers beside it. Spawned, not forked: this
+    process talks to Celery's broker, and a fork after that can hang in kombu's after-fork
+    cleanup."""
     ctx = multiprocessing.get_context("spawn")
     ready, start, results = ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [
@@ -278,10 +288,17 @@ def _sweep(now: datetime) -> float:
                     break
                 if any(p.exitcode for p in procs) or time.monotonic() > deadline:
                     raise RuntimeError("a sweeper process did not start; see its traceback above")
+        wal, buffers, beside = wal_stats(), buffer_stats(), set()
         started = time.perf_counter()
         start.set()
         for _ in procs:
-            results.get(timeout=WAIT_S)
+            while True:
+                with contextlib.suppress(Empty):
+                    results.get(timeout=BESIDE_POLL_S)
+                    break
+                if time.perf_counter() - started > WAIT_S:
+                    raise RuntimeError(f"the sweep did not end within {WAIT_S} s")
+                beside |= autovacuum_now()
         seconds = time.perf_counter() - started
     finally:
         # On an error or Ctrl-C too: a sweeper still waiting for the start would hold the exit.
@@ -291,7 +308,16 @@ def _sweep(now: datetime) -> float:
             proc.join()
     if any(proc.exitcode for proc in procs):
         raise RuntimeError("a sweeper process failed; see its traceback above")
-    return max(seconds, 1e-3)
+    # The sweepers have exited, so their statistics are in; the WAL counters are the server's,
+    # so they hold whatever else wrote meanwhile too (autovacuum, ``beside``).
+    wal = _since({"": wal}, {"": wal_stats()})[""]
+    return {
+        "seconds": max(seconds, 1e-3),
+        "wal_fpi": wal["fpi"],
+        "wal_bytes": wal["bytes"],
+        "buffers": _since(buffers, buffer_stats()),
+        "autovacuum_beside": sorted(beside),
+    }
 
 
 # --- the reminder burst --------------------------------------------------------------------------
@@ -533,6 +559,32 @@ def _hit_share(buffers: dict[str, dict[str, int]]) -> float | None:
     return round(hit / (hit + read), 4) if hit + read else None
 
 
+def wal_stats() -> dict[str, int]:
+    """The server's WAL so far (``pg_stat_wal``): records, full-page images, bytes. A page's
+    first change after a checkpoint began is written whole, so a phase that runs just after one
+    writes many times the WAL of the same phase just before one."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal")
+        records, fpi, written = cursor.fetchone()
+    return {"records": int(records), "fpi": int(fpi), "bytes": int(written)}
+
+
+def autovacuum_now() -> set[str]:
+    """What autovacuum's workers are doing in this database now, as each says
+    (``VACUUM ANALYZE public.couponcenter_usercoupon``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT query FROM pg_stat_activity WHERE backend_type = 'autovacuum worker' "
+            "AND datname = current_database() AND query LIKE 'autovacuum: %%'"
+        )
+        return {autovacuum_label(query) for (query,) in cursor.fetchall()}
+
+
+def autovacuum_label(query: str) -> str:
+    """``autovacuum: VACUUM ANALYZE public.t`` -> ``VACUUM ANALYZE t``."""
+    return query.removeprefix("autovacuum: ").replace("public.", "")
+
+
 def autovacuum_round(wait_s: float) -> float:
     """Wait, at most ``wait_s``, until autovacuum has vacuumed every table the day wrote (each
     partition of a partitioned one) whose dead tuples are past its threshold
@@ -688,6 +740,21 @@ def report_lines(result: dict[str, Any]) -> list[str]:
             f"| {day['day']} | {rates} | {_total_bytes(day) / 2**20:,.1f} "
             f"| {sum(day['dead_tuples_at_day_end'].values()):,} | {day['autovacuum_wait_s']} "
             f"| {dead:,} / {live:,} | {_hit_share(day['buffers'])} | {_read_mib(day):,.1f} |"
+        )
+    lines += [
+        "",
+        "What each night's sweep met (WAL: the server's while it ran):",
+        "",
+        "| day | sweep /s | WAL MiB | full-page images | MiB read | autovacuum beside it |",
+        "| --- " * 6 + "|",
+    ]
+    for day in result["days"]:
+        night = day["night"]
+        read = sum(t["read"] for t in night["buffers"].values()) * day["block_size"] / 2**20
+        beside = ", ".join(night["autovacuum_beside"]) or "-"
+        lines.append(
+            f"| {day['day']} | {day['expiry_sweep_per_s']:,} | {night['wal_bytes'] / 2**20:,.1f} "
+            f"| {night['wal_fpi']:,} | {read:,.1f} | {beside} |"
         )
     lines += [
         "",

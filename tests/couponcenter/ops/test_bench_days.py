@@ -72,6 +72,12 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
         assert set(day["buffers"]) == set(day["tables"])
         assert day["buffers"][UserCoupon._meta.db_table]["hit"] > 0
         assert 0 <= day["autovacuum_wait_s"] <= SHAPE.autovacuum_wait_s + 2
+        # What the night met: the sweepers updated rows, so the server wrote WAL meanwhile, and
+        # their own reads of the user coupons are counted (they have exited).
+        night = day["night"]
+        assert night["wal_bytes"] > 0 and night["wal_fpi"] >= 0
+        assert night["buffers"][UserCoupon._meta.db_table]["hit"] > 0
+        assert all(isinstance(what, str) for what in night["autovacuum_beside"])
     # Retention (one day) removes the day before's processed tasks, re-dated a day back, each day.
     removed = [d["retention_removed"][ExpiryTask._meta.db_table] for d in result["days"]]
     if table_partitioned(ExpiryTask._meta.db_table):
@@ -91,6 +97,7 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
     assert any("last day / first day" in line and "target >= 0.9" in line for line in lines)
     assert any(line.startswith("total size: last day / day 2") for line in lines)
     assert any("| buffer hits | MiB read |" in line for line in lines)
+    assert any(line.startswith("| day | sweep /s | WAL MiB |") for line in lines)
 
     # It said so, and put autovacuum, the live settings and the database back.
     if autovacuum_before != "on":
@@ -166,3 +173,26 @@ def test_the_fitted_line_reads_a_trend_through_the_noise_of_single_days():
     assert days._fitted_last_of_first([70, 100, 100, 100, 100, 91]) == 1.174
     assert days._fitted_last_of_first([100]) is None
     assert days._fitted_last_of_first([0, 0]) is None
+
+
+def test_an_autovacuum_worker_is_named_by_what_it_does_and_to_which_table():
+    assert (
+        days.autovacuum_label("autovacuum: VACUUM ANALYZE public.couponcenter_usercoupon")
+        == "VACUUM ANALYZE couponcenter_usercoupon"
+    )
+    assert days.autovacuum_label("autovacuum: ANALYZE public.t_p20261128") == "ANALYZE t_p20261128"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_wal_counters_grow_with_what_is_written():
+    before = days.wal_stats()
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE bench_days_wal_probe (n int)")
+        try:
+            cursor.execute("INSERT INTO bench_days_wal_probe SELECT generate_series(1, 10000)")
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+        finally:
+            cursor.execute("DROP TABLE bench_days_wal_probe")
+    after = days.wal_stats()
+    assert after["records"] - before["records"] >= 10_000
+    assert after["bytes"] > before["bytes"]

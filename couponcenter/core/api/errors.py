@@ -36,8 +36,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         # debug page instead of ``handler400``, and the API's errors must not depend on DEBUG.
         return Response(_too_big_body(), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, BusinessError):
-        body = {"code": exc.code, "detail": exc.message, **exc.extra}
-        return Response(body, status=status.HTTP_409_CONFLICT)
+        return Response(business_error_body(exc), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, QuotaExceeded):
         body = {"detail": exc.message, "code": exc.code, "quota": exc.quota, "limit": exc.limit}
         headers = {"Retry-After": str(exc.retry_after_s)}
@@ -53,6 +52,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             data = {api_settings.NON_FIELD_ERRORS_KEY: data}
         response.data = {"errors": data}
     return response
+
+
+def business_error_body(exc: BusinessError) -> dict[str, Any]:
+    """The 409 body of a business refusal."""
+    return {"code": exc.code, "detail": exc.message, **exc.extra}
 
 
 def _too_big_body() -> dict[str, dict[str, list[str]]]:

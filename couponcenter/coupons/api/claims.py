@@ -34,11 +34,17 @@ from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from couponcenter.core.api.authentication import TokenAuthentication
-from couponcenter.core.api.errors import conflict_serializer, error_responses, exception_handler
+from couponcenter.core.api.errors import (
+    business_error_body,
+    conflict_serializer,
+    error_responses,
+    exception_handler,
+)
 from couponcenter.core.api.pagination import Pagination, paginated_response
 from couponcenter.core.api.permissions import ActsForUser, can_act_for
 from couponcenter.core.api.schema import USER_COUPON_ID, USER_ID
 from couponcenter.core.api.throttling import BatchedFixedWindowScopedThrottle
+from couponcenter.core.errors import BusinessError
 from couponcenter.coupons import claiming, selectors, services
 from couponcenter.coupons.api import idempotency
 from couponcenter.coupons.claim_latency import claim_latency
@@ -139,6 +145,7 @@ def _claim(*, coupon_id: int, user_id: int, idempotency_key: str | None) -> Resp
 class UserCouponListApi(APIView):
     permission_classes = [ActsForUser]
     pagination_class = Pagination
+    _view_headers_kept: tuple[str | None, dict[str, str]] | None = None  # see _view_headers
 
     class FilterSerializer(serializers.Serializer):
         status = serializers.ChoiceField(choices=UserCoupon.Status.choices, required=False)
@@ -205,8 +212,31 @@ class UserCouponListApi(APIView):
             wait = throttle.wait()
             request._claim_throttled_wait = -1 if wait is None else wait
             return None
+        if key is None:
+            return self._claim_lean_answer(request, coupon_id=coupon_id, user_id=user_id)
         response = self._claim_answer(request, coupon_id=coupon_id, user_id=user_id, key=key)
         return self._lean_response(response)
+
+    def _claim_lean_answer(
+        self, request: HttpRequest, *, coupon_id: int, user_id: int
+    ) -> HttpResponse:
+        """``_lean_response(_claim_answer(...))`` of a claim without a key, and a refusal (most
+        answers of a rush) rendered straight from its body, without building DRF's ``Response``
+        first."""
+        started = time.perf_counter()
+        try:
+            try:
+                response = _claim(coupon_id=coupon_id, user_id=user_id, idempotency_key=None)
+            except BusinessError as refusal:
+                return self._lean_json(business_error_body(refusal), status.HTTP_409_CONFLICT)
+            except Exception as exc:  # noqa: BLE001 - answered by the API's handler, or re-raised
+                handled = exception_handler(exc, {"view": self, "request": request})
+                if handled is None:
+                    raise
+                response = handled
+            return self._lean_response(response)
+        finally:  # the claims' urgency reading (docs/operations.md)
+            claim_latency.observe((time.perf_counter() - started) * 1000)
 
     def _claim_answer(
         self, request: HttpRequest | Request, *, coupon_id: int, user_id: int, key: str | None
@@ -240,30 +270,46 @@ class UserCouponListApi(APIView):
         )
 
     def _lean_response(self, response: Response) -> HttpResponse:
-        """``response`` as DRF's ``finalize_response`` and ``render`` would leave it (rendered as
-        JSON, with the view's ``Allow`` and ``Vary`` headers), as a plain ``HttpResponse``:
-        Django's handling of a template response costs more than the render itself. ``data`` is
-        kept on it, as on DRF's."""
+        """``response`` as DRF's ``finalize_response`` and ``render`` would leave it: see
+        ``_lean_json``. ``data`` is kept on it, as on DRF's."""
+        headers = [(k, v) for k, v in response.items() if k != "Content-Type"]
+        return self._lean_json(response.data, response.status_code, headers)
+
+    def _lean_json(
+        self, data: Any, status_code: int, headers: list[tuple[str, str]] | tuple = ()
+    ) -> HttpResponse:
+        """An answer of the lean path as DRF would render it (JSON, the view's ``Allow`` and
+        ``Vary`` headers), as a plain ``HttpResponse``: Django's handling of a template response
+        costs more than the render itself. ``headers``: the answer's own, set first."""
         rendered = HttpResponse(
-            _json_renderer.render(response.data),
-            status=response.status_code,
-            content_type=_json_renderer.media_type,
+            _json_renderer.render(data), status=status_code, content_type=_json_renderer.media_type
         )
-        rendered.data = response.data
-        for key, value in response.items():
-            if key != "Content-Type":  # a template response's default, replaced when rendered
-                rendered[key] = value
-        if rendered.status_code == 409 and not _request_log.isEnabledFor(logging.DEBUG):
+        rendered.data = data
+        for key, value in headers:
+            rendered[key] = value
+        if status_code == 409 and not _request_log.isEnabledFor(logging.DEBUG):
             # The log line Django would make of an expected refusal (ExpectedConflict moves it to
             # DEBUG) costs a log record per refused claim of a rush, and nothing would print it.
             rendered._has_been_logged = True
-        headers = self.default_response_headers
-        vary = headers.pop("Vary", None)
+        vary, view_headers = self._view_headers()
         if vary is not None:
             patch_vary_headers(rendered, [vary])
-        for key, value in headers.items():
+        for key, value in view_headers.items():
             rendered[key] = value
         return rendered
+
+    @classmethod
+    def _view_headers(cls) -> tuple[str | None, dict[str, str]]:
+        """The view's ``Vary`` and its other headers (``Allow``), as DRF's ``finalize_response``
+        adds them: the same for every answer, so worked out once, from a view set up as
+        ``as_view`` sets each one up (``HEAD`` is allowed where ``GET`` is)."""
+        kept = cls._view_headers_kept
+        if kept is None:
+            view = cls()
+            view.setup(HttpRequest())
+            headers = view.default_response_headers
+            kept = cls._view_headers_kept = (headers.pop("Vary", None), headers)
+        return kept
 
     @extend_schema(
         operation_id="users_coupons_list",

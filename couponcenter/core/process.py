@@ -3,8 +3,10 @@ Celery's children)."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import signal
+import sys
 from collections.abc import Callable
 
 # Allocations between young-generation collections (Python's default: 700).
@@ -20,6 +22,20 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+
+
+# Looked up here, not in the child: between fork and exec only async-signal-safe work is sound,
+# and resolving a symbol takes the dynamic loader's lock, which another thread may hold.
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
+def die_with_parent() -> None:
+    """For ``Popen(preexec_fn=...)``: the child gets SIGTERM when the thread that started it
+    exits, so a parent killed outright (SIGKILL runs no ``finally``) leaves no process behind.
+    Only for a child whose starting thread outlives it; elsewhere than Linux, nothing."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def stop_on_signals(stop: Callable[[int, object], object]) -> None:

@@ -11,11 +11,9 @@ so a restart finds what Redis held.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +27,8 @@ from django.conf import settings
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
+
+from couponcenter.core.process import die_with_parent
 
 Client: TypeAlias = redis.Redis | RedisCluster
 
@@ -168,14 +168,6 @@ def stop_embedded_server(socket_path: Path | None = None) -> bool:
     return True
 
 
-def _die_with_parent() -> None:
-    """In the server's child before exec: SIGTERM (which saves and exits) when its parent dies,
-    so a supervisor killed outright does not leave a server behind unsaved."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
 def embedded_server_foreground(socket_path: Path, say: Callable[[str], None]) -> int:
     """Run the embedded server as a child until SIGTERM or SIGINT, then stop it last.
 
@@ -190,7 +182,7 @@ def embedded_server_foreground(socket_path: Path, say: Callable[[str], None]) ->
     server = subprocess.Popen(
         embedded_server_args(socket_path, daemonize=False),
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,  # SIGTERM saves, then exits
     )
     while not stop.wait(0.2):
         if server.poll() is not None:

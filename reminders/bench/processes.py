@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from celery import current_app
 from django.conf import settings
 
+from couponcenter.core.process import die_with_parent
 from couponcenter.coupons.bench.http import database_url, free_port, stop
 from reminders.engine import leases
 
@@ -48,9 +49,15 @@ def bench_processes(prefix: str, delivery_queue: str, *, log_dir: str):
     celery_log = open(os.path.join(log_dir, "bench-celery.log"), "w")  # noqa: SIM115
     worker_log = open(os.path.join(log_dir, "bench-worker.log"), "w")  # noqa: SIM115
     procs = [
-        subprocess.Popen(celery, env=env, stdout=celery_log, stderr=subprocess.STDOUT),
         subprocess.Popen(
-            manage + ["run_reminder_worker"], env=env, stdout=worker_log, stderr=subprocess.STDOUT
+            celery, env=env, stdout=celery_log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+        ),
+        subprocess.Popen(
+            manage + ["run_reminder_worker"],
+            env=env,
+            stdout=worker_log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
         ),
     ]
     try:
@@ -93,6 +100,7 @@ def receiver_process():
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=die_with_parent,
     )
     try:
         line = proc.stdout.readline()
@@ -123,7 +131,9 @@ def timeout_worker_process(prefix: str, topics: tuple[str, ...], log_dir: str):
         argv += ["--topic", topic]
     os.makedirs(log_dir, exist_ok=True)
     log = open(os.path.join(log_dir, "bench-timeouts-worker.log"), "w")  # noqa: SIM115
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+    )
     try:
         deadline = time.monotonic() + 60
         while not any(w.pid == proc.pid for w in leases.list_workers()):

@@ -31,7 +31,8 @@ one this harness calls with the simulated ``now``.
 
 Every row it makes is marked (its coupons' name, user ids from ``USER_BASE``, its timeout topic)
 and deleted at the end, with its Redis keys; the live retention settings and ``autovacuum`` are
-restored whatever happens (``autovacuum_on``).
+restored whatever happens (``autovacuum_on``; a run killed outright has ``autovacuum`` put back
+by its guard process, its processes stopped by the kernel, and its rows deleted by the next run).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ import contextlib
 import multiprocessing
 import os
 import secrets
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -55,7 +58,7 @@ from django.utils import timezone
 from couponcenter.core.redis import get_redis
 from couponcenter.coupons.bench.progress import Progress
 from couponcenter.coupons.models import Coupon, UserCoupon
-from couponcenter.ops.bench import sweeper_child
+from couponcenter.ops.bench import autovacuum_guard, sweeper_child
 from couponcenter.ops.bench.namespace import bench_namespace
 from couponcenter.ops.bench.report import DAYS_RATE_KEEPS as RATE_KEEPS
 from couponcenter.ops.bench.report import DAYS_SIZE_GROWS as SIZE_GROWS
@@ -808,8 +811,8 @@ def report_lines(result: dict[str, Any]) -> list[str]:
 @contextlib.contextmanager
 def autovacuum_on(say: Callable[[str], None]) -> Iterator[str]:
     """``autovacuum = on`` for the run (``ALTER SYSTEM`` and a reload: the server's, so every
-    database on it), and the setting as it was afterwards, on an error or Ctrl-C too. Yields the
-    sentence the report prints."""
+    database on it), and the setting as it was afterwards, on an error or Ctrl-C too, and by
+    ``autovacuum_guard`` if the run is killed outright. Yields the sentence the report prints."""
     with connection.cursor() as cursor:
         cursor.execute("SHOW autovacuum")
         before = cursor.fetchone()[0]
@@ -819,10 +822,12 @@ def autovacuum_on(say: Callable[[str], None]) -> Iterator[str]:
         )
         row = cursor.fetchone()
         own = row[0] if row else None
-        if before != "on":
+    guard = _autovacuum_guard(own) if before != "on" else None
+    if guard is not None:
+        with connection.cursor() as cursor:
             cursor.execute("ALTER SYSTEM SET autovacuum = on")
             cursor.execute("SELECT pg_reload_conf()")
-            _until_setting("on")
+        _until_setting("on")
     note = (
         "autovacuum was on already (as in production)"
         if before == "on"
@@ -833,17 +838,30 @@ def autovacuum_on(say: Callable[[str], None]) -> Iterator[str]:
     try:
         yield note
     finally:
-        if before != "on":
+        if guard is not None:
             with connection.cursor() as cursor:
-                if own is None:
-                    cursor.execute("ALTER SYSTEM RESET autovacuum")
-                else:
-                    cursor.execute(
-                        f"ALTER SYSTEM SET autovacuum = {'on' if own == 'on' else 'off'}"
-                    )
+                cursor.execute(autovacuum_guard.put_back_statement(own))
                 cursor.execute("SELECT pg_reload_conf()")
+            guard.communicate(autovacuum_guard.DONE, timeout=30)
             _until_setting(before)
             say(f"autovacuum put back: {before}")
+
+
+def _autovacuum_guard(own: str | None) -> subprocess.Popen:
+    """``autovacuum_guard`` started on this connection's server, before the setting changes."""
+    params = connection.settings_dict
+    env = {
+        **os.environ,
+        "PGHOST": params["HOST"] or "",
+        "PGPORT": str(params["PORT"] or ""),
+        "PGUSER": params["USER"] or "",
+        "PGPASSWORD": params["PASSWORD"] or "",
+        "PGDATABASE": params["NAME"],
+    }
+    argv = [sys.executable, "-m", "couponcenter.ops.bench.autovacuum_guard", own or ""]
+    return subprocess.Popen(
+        argv, stdin=subprocess.PIPE, env=env, cwd=settings.BASE_DIR, start_new_session=True
+    )
 
 
 def _until_setting(value: str) -> None:

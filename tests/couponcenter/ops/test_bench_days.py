@@ -12,6 +12,7 @@ import sys
 import time
 from datetime import timedelta
 
+import psutil
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -37,6 +38,16 @@ def _autovacuum() -> str:
     with connection.cursor() as cursor:
         cursor.execute("SHOW autovacuum")
         return cursor.fetchone()[0]
+
+
+def _autovacuum_in_auto_conf() -> list[str]:
+    """What ``ALTER SYSTEM`` has written for autovacuum (what a server restart would read)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT setting FROM pg_file_settings WHERE name = 'autovacuum' "
+            "AND sourcefile LIKE '%%postgresql.auto.conf' ORDER BY seqno"
+        )
+        return [setting for (setting,) in cursor.fetchall()]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -163,6 +174,39 @@ def test_sigterm_mid_run_puts_autovacuum_back_and_deletes_the_bench_rows(tmp_pat
     assert _autovacuum() == autovacuum_before
     assert not Coupon.objects.filter(name__startswith=days.COUPON_NAME).exists()
     assert not TimeoutTopic.objects.filter(name=days.TOPIC).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_killed_outright_still_has_autovacuum_put_back(tmp_path):
+    """SIGKILL (an OOM kill, a timeout's kill) runs no ``finally``: ``ALTER SYSTEM`` would
+    outlive the run, server restarts included, unless something outside the run undoes it."""
+    autovacuum_before, auto_conf_before = _autovacuum(), _autovacuum_in_auto_conf()
+    env = {**os.environ, "DEBUG": "1", "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "manage.py", "bench_days", "--days", "3", "--retention-days", "1"]
+    argv += ["--claims", "100", "--reminders", "20", "--timeouts", "10"]
+    err = tmp_path / "stderr"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(argv, cwd=settings.BASE_DIR, env=env, stderr=stderr,
+                                stdout=subprocess.DEVNULL)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 180
+            while not Coupon.objects.filter(name__startswith=days.COUPON_NAME).exists():
+                assert proc.poll() is None, err.read_text()
+                assert time.monotonic() < deadline, err.read_text()
+                time.sleep(0.1)  # polls the database
+            assert _autovacuum() == "on"
+            children = psutil.Process(proc.pid).children(recursive=True)
+            assert children  # its receiver, reminder worker and Celery worker
+        finally:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 60
+    while _autovacuum() != autovacuum_before and time.monotonic() < deadline:
+        time.sleep(0.1)  # polls the setting the guard puts back
+    assert _autovacuum() == autovacuum_before, err.read_text()
+    assert _autovacuum_in_auto_conf() == auto_conf_before  # and for the next server start
+    _, alive = psutil.wait_procs(children, timeout=60)
+    assert not alive, [child.cmdline() for child in alive]
 
 
 def test_the_fitted_line_reads_a_trend_through_the_noise_of_single_days():

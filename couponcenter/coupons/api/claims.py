@@ -212,45 +212,21 @@ class UserCouponListApi(APIView):
             wait = throttle.wait()
             request._claim_throttled_wait = -1 if wait is None else wait
             return None
-        if key is None:
-            return self._claim_lean_answer(request, coupon_id=coupon_id, user_id=user_id)
-        response = self._claim_answer(request, coupon_id=coupon_id, user_id=user_id, key=key)
-        return self._lean_response(response)
-
-    def _claim_lean_answer(
-        self, request: HttpRequest, *, coupon_id: int, user_id: int
-    ) -> HttpResponse:
-        """``_lean_response(_claim_answer(...))`` of a claim without a key, and a refusal (most
-        answers of a rush) rendered straight from its body, without building DRF's ``Response``
-        first."""
-        started = time.perf_counter()
-        try:
-            try:
-                response = _claim(coupon_id=coupon_id, user_id=user_id, idempotency_key=None)
-            except BusinessError as refusal:
-                return self._lean_json(business_error_body(refusal), status.HTTP_409_CONFLICT)
-            except Exception as exc:  # noqa: BLE001 - answered by the API's handler, or re-raised
-                handled = exception_handler(exc, {"view": self, "request": request})
-                if handled is None:
-                    raise
-                response = handled
-            return self._lean_response(response)
-        finally:  # the claims' urgency reading (docs/operations.md)
-            claim_latency.observe((time.perf_counter() - started) * 1000)
+        return self._claim_answer(request, coupon_id=coupon_id, user_id=user_id, key=key, lean=True)
 
     def _claim_answer(
-        self, request: HttpRequest | Request, *, coupon_id: int, user_id: int, key: str | None
-    ) -> Response:
-        """The claim's answer, a refusal included; with a key, answered once per key."""
+        self,
+        request: HttpRequest | Request,
+        *,
+        coupon_id: int,
+        user_id: int,
+        key: str | None,
+        lean: bool,
+    ) -> HttpResponseBase:
+        """The claim's answer, a refusal included; with a key, answered once per key. ``lean``:
+        rendered as the lean path renders (``_lean_json``), and a refusal without a key (most
+        answers of a rush) straight from its body, without building DRF's ``Response`` first."""
         started = time.perf_counter()
-        try:
-            return self._claim_answer_timed(request, coupon_id=coupon_id, user_id=user_id, key=key)
-        finally:  # the claims' urgency reading (docs/operations.md)
-            claim_latency.observe((time.perf_counter() - started) * 1000)
-
-    def _claim_answer_timed(
-        self, request: HttpRequest | Request, *, coupon_id: int, user_id: int, key: str | None
-    ) -> Response:
         caller_id = request.user.pk
         column_key = None if key is None else idempotency.column_value(caller_id=caller_id, key=key)
 
@@ -258,16 +234,26 @@ class UserCouponListApi(APIView):
             try:
                 return _claim(coupon_id=coupon_id, user_id=user_id, idempotency_key=column_key)
             except Exception as exc:  # noqa: BLE001 - answered by the API's handler, or re-raised
+                if lean and key is None and isinstance(exc, BusinessError):
+                    raise
                 response = exception_handler(exc, {"view": self, "request": request})
                 if response is None:
                     raise
                 return response
 
-        if key is None:
-            return claim()
-        return idempotency.answer_once(
-            caller_id=caller_id, user_id=user_id, coupon_id=coupon_id, key=key, claim=claim
-        )
+        try:
+            if key is None:
+                try:
+                    response = claim()
+                except BusinessError as refusal:  # the lean path's, re-raised above
+                    return self._lean_json(business_error_body(refusal), status.HTTP_409_CONFLICT)
+            else:
+                response = idempotency.answer_once(
+                    caller_id=caller_id, user_id=user_id, coupon_id=coupon_id, key=key, claim=claim
+                )
+            return self._lean_response(response) if lean else response
+        finally:  # the claims' urgency reading (docs/operations.md)
+            claim_latency.observe((time.perf_counter() - started) * 1000)
 
     def _lean_response(self, response: Response) -> HttpResponse:
         """``response`` as DRF's ``finalize_response`` and ``render`` would leave it: see
@@ -359,7 +345,7 @@ class UserCouponListApi(APIView):
         if errors:
             raise ValidationError(errors)
         return self._claim_answer(
-            request, coupon_id=data.validated_data["coupon"], user_id=user_id, key=key
+            request, coupon_id=data.validated_data["coupon"], user_id=user_id, key=key, lean=False
         )
 
 

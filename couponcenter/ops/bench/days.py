@@ -313,11 +313,11 @@ def _sweep(now: datetime) -> dict[str, Any]:
         raise RuntimeError("a sweeper process failed; see its traceback above")
     # The sweepers have exited, so their statistics are in; the WAL counters are the server's,
     # so they hold whatever else wrote meanwhile too (autovacuum, ``beside``).
-    wal = _since({"": wal}, {"": wal_stats()})[""]
+    wal_after = wal_stats()
     return {
         "seconds": max(seconds, 1e-3),
-        "wal_fpi": wal["fpi"],
-        "wal_bytes": wal["bytes"],
+        "wal_fpi": wal_after["fpi"] - wal["fpi"],
+        "wal_bytes": wal_after["bytes"] - wal["bytes"],
         "buffers": _since(buffers, buffer_stats()),
         "autovacuum_beside": sorted(beside),
     }
@@ -703,19 +703,20 @@ def day_line(day: dict[str, Any]) -> str:
     total = _total_bytes(day) / 2**20
     dead = sum(t["dead_tuples"] for t in day["tables"].values())
     live = sum(t["live_tuples"] for t in day["tables"].values())
+    read = _read_mib(day["buffers"], day["block_size"])
     return (
         f"day {day['day']}: sweep {day['expiry_sweep_per_s']:,}/s, inbox "
         f"{day['inbox_burst_per_s']:,}/s, timeouts created {day['timeout_create_per_s']:,}/s "
         f"fired {day['timeout_fire_per_s']:,}/s; tables {total:,.1f} MiB, dead tuples "
         f"{dead:,} of {live:,} live after autovacuum's round ({day['autovacuum_wait_s']} s; "
         f"{sum(day['dead_tuples_at_day_end'].values()):,} before it); shared buffers "
-        f"{_hit_share(day['buffers'])} of blocks hit, {_read_mib(day):,.1f} MiB read into them; "
+        f"{_hit_share(day['buffers'])} of blocks hit, {read:,.1f} MiB read into them; "
         f"retention removed {day['retention_removed']}"
     )
 
 
-def _read_mib(day: dict[str, Any]) -> float:
-    return sum(t["read"] for t in day["buffers"].values()) * day["block_size"] / 2**20
+def _read_mib(buffers: dict[str, dict[str, int]], block_size: int) -> float:
+    return sum(t["read"] for t in buffers.values()) * block_size / 2**20
 
 
 def _block_size() -> int:
@@ -739,10 +740,11 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         dead = sum(t["dead_tuples"] for t in tables)
         live = sum(t["live_tuples"] for t in tables)
         rates = " | ".join(f"{day[f'{r}_per_s']:,}" for r in RATES)
+        read = _read_mib(day["buffers"], day["block_size"])
         lines.append(
             f"| {day['day']} | {rates} | {_total_bytes(day) / 2**20:,.1f} "
             f"| {sum(day['dead_tuples_at_day_end'].values()):,} | {day['autovacuum_wait_s']} "
-            f"| {dead:,} / {live:,} | {_hit_share(day['buffers'])} | {_read_mib(day):,.1f} |"
+            f"| {dead:,} / {live:,} | {_hit_share(day['buffers'])} | {read:,.1f} |"
         )
     lines += [
         "",
@@ -753,7 +755,7 @@ def report_lines(result: dict[str, Any]) -> list[str]:
     ]
     for day in result["days"]:
         night = day["night"]
-        read = sum(t["read"] for t in night["buffers"].values()) * day["block_size"] / 2**20
+        read = _read_mib(night["buffers"], day["block_size"])
         beside = ", ".join(night["autovacuum_beside"]) or "-"
         lines.append(
             f"| {day['day']} | {day['expiry_sweep_per_s']:,} | {night['wal_bytes'] / 2**20:,.1f} "

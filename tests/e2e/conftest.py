@@ -280,7 +280,13 @@ class Receiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 (the http.server API)
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                if len(body) < length:
+                    # The sender died between its headers and the end of its body (a worker
+                    # SIGKILLed mid-send): no request arrived, as a real server would see it.
+                    self.close_connection = True
+                    return
                 if receiver.delay_s:
                     time.sleep(receiver.delay_s)
                 status = receiver.respond(body)

@@ -86,7 +86,7 @@ def test_failing_webhook_retries_only_failed_items_then_dead_and_alert(
             and alert.snapshot()
         )
 
-    wait_for(settled, timeout=30, what=f"retries, dead and alert\n{stack.logs()}")
+    wait_for(settled, timeout=90, what=f"retries, dead and alert\n{stack.logs()}")
     drained(dead=len(failing), stack=stack)
 
     requests = hook.snapshot()

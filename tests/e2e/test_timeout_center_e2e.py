@@ -97,6 +97,8 @@ def test_a_failing_receiver_is_retried_with_backoff_until_dead_and_alerted(
     assert [gap >= 0.3 * 2**n for n, gap in enumerate(gaps)] == [True] * 3, gaps
     job.refresh_from_db()
     assert job.attempts == 4 and "HTTP 503" in job.last_error and "/hook" not in job.last_error
+    # The row is settled dead first, in its transaction; the dead letter goes to Redis after it.
+    wait_for(lambda: queue.list_dead("t.down", job.slot), timeout=30, what="the dead letter")
     [dead] = queue.list_dead("t.down", job.slot)
     assert (dead.job_id, dead.attempts) == (str(job.pk), 4)
     wait_for(lambda: "ALERT 1 timeout jobs dead after 4 attempts" in worker.output(),

@@ -41,6 +41,9 @@ def test_a_tiny_rush_answers_every_user_and_sells_exactly_the_stock(settings):
         assert run["answers_by_code"]["errors"] == 0
         assert run["exact"] is True and run["audit"]["oversell"] is False
         assert run["healthz_per_s"] > 0 and run["answers_of_healthz"] > 0
+        # The reference is the faster of the windows before and after the rush.
+        assert run["healthz_per_s"] == max(run["healthz_before_after_per_s"])
+        assert len(run["healthz_before_after_per_s"]) == len(run["healthz_p99_ms"]) == 2
         assert 0 < run["p50_ms"] <= run["p99_ms"] <= run["p999_ms"]
         # No final answer comes before the opening, which is lead_s after the first tap.
         assert run["all_answered_s"] >= run["lead_s"] > 0

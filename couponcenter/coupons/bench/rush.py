@@ -43,9 +43,9 @@ from couponcenter.coupons.bench.http import (
 from couponcenter.coupons.bench.progress import Progress
 
 LEAD_S = 1.0  # the users start tapping this long before the coupon opens
-# Load before anything is measured: a fresh gunicorn's first ten seconds or so of healthz ran
-# slower and stalled more than later ones (1,060 then 1,400 then 1,550/s in 5 s windows), and a
-# slow reference would flatter every ratio against it.
+# Load before anything is measured: a fresh gunicorn's first 5 s of healthz stalled (p99 over
+# 2 s, against 0.1-0.5 s in the windows after it), and a stalled reference would flatter every
+# ratio against it.
 WARMUP_S = 10.0
 PREPARE_S = 1.0  # time to create the coupon (and build what its opening needs) before the taps
 PER_USER_LIMIT = 1

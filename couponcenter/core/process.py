@@ -38,6 +38,13 @@ def die_with_parent() -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def sigterm_unwinds() -> None:
+    """SIGTERM raises ``KeyboardInterrupt``, as Ctrl-C does, in a command that changes things it
+    must put back (a benchmark's processes, rows and settings): by default SIGTERM ends the
+    process on the spot, ``finally`` blocks unrun."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 def stop_on_signals(stop: Callable[[int, object], object]) -> None:
     """SIGTERM and SIGINT call a loop's ``stop``, which only sets its flag (all a signal handler
     may safely do): the loop finishes the work in hand, then returns."""

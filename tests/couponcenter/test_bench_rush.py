@@ -5,12 +5,20 @@ when the stock is larger), nobody holds two, and the run leaves nothing behind."
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from io import StringIO
 
+import psutil
 import pytest
+from django.conf import settings as django_settings
 from django.core.management import call_command
 
+from couponcenter.coupons.bench.http import database_url
 from couponcenter.coupons.models import Coupon, UserCoupon
 from couponcenter.ops.bench import report
 from expiry.models import ExpiryTask
@@ -52,3 +60,33 @@ def test_a_tiny_rush_answers_every_user_and_sells_exactly_the_stock(settings):
     assert ratios["rush_winners_of_raw_http"] == result["runs"][1]["answers_of_healthz"]
     after = (Coupon.objects.count(), UserCoupon.objects.count(), ExpiryTask.objects.count())
     assert after == before
+
+
+def test_sigterm_mid_rush_stops_gunicorn_and_wrk_and_deletes_the_coupon(tmp_path):
+    """Benchmarks are stopped with SIGTERM (an orchestrator's, a timeout's): it must unwind as
+    Ctrl-C does, not leave a gunicorn serving and the run's coupon in the tables."""
+    env = {**os.environ, "DEBUG": "1", "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "manage.py", "bench_rush", "--users", "200000", "--stocks", "1000"]
+    argv += ["--connections", "4", "--workers", "1", "--threads", "4", "--healthz-seconds", "1"]
+    err = tmp_path / "stderr"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(argv, cwd=django_settings.BASE_DIR, env=env, stderr=stderr,
+                                stdout=subprocess.DEVNULL)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 180
+            while not Coupon.objects.filter(name__startswith="bench-rush").exists():
+                assert proc.poll() is None, err.read_text()
+                assert time.monotonic() < deadline, err.read_text()
+                time.sleep(0.1)  # polls the database
+            children = psutil.Process(proc.pid).children(recursive=True)
+            assert any("gunicorn" in " ".join(c.cmdline()) for c in children)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    _, alive = psutil.wait_procs(children, timeout=60)
+    assert not alive, [child.cmdline() for child in alive]
+    assert proc.returncode != 0
+    assert not Coupon.objects.filter(name__startswith="bench-rush").exists(), err.read_text()

@@ -8,6 +8,7 @@ much of the machine the generator took. What to send is the benchmark's (``http`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 def run_wrk(
@@ -29,7 +30,8 @@ def run_wrk(
         cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", duration, "--timeout"]
         cmd += ["10s", "-s", lua.name, url, "--", *args]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        return _wrk_summary(proc, proc.stdout.read())
+        with _killed_on_error(proc):
+            return _wrk_summary(proc, proc.stdout.read())
 
 
 def run_wrk_until_done(
@@ -59,14 +61,28 @@ def run_wrk_until_done(
             [*cmd, "--", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         out, done = [], 0
-        for line in proc.stdout:
-            out.append(line)
-            on_line(line)
-            if line.startswith("BENCH_DONE "):
-                done += 1
-                if done == connections:  # not reaped until _wrk_summary: the pid is still wrk's
-                    os.kill(proc.pid, signal.SIGINT)
-        return _wrk_summary(proc, "".join(out))
+        with _killed_on_error(proc):
+            for line in proc.stdout:
+                out.append(line)
+                on_line(line)
+                if line.startswith("BENCH_DONE "):
+                    done += 1
+                    if done == connections:  # not reaped until _wrk_summary: still wrk's pid
+                        os.kill(proc.pid, signal.SIGINT)
+            return _wrk_summary(proc, "".join(out))
+
+
+@contextlib.contextmanager
+def _killed_on_error(proc: subprocess.Popen) -> Iterator[None]:
+    """wrk killed and reaped if the run ends early (an error, Ctrl-C, SIGTERM): it would go on
+    loading the server for the rest of its ``-d``."""
+    try:
+        yield
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
+        raise
 
 
 def _wrk_summary(proc: subprocess.Popen, out: str) -> tuple[dict, float]:

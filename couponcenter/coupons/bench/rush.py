@@ -261,18 +261,18 @@ def _rush(
         per_user_limit=PER_USER_LIMIT,
         valid_for=timedelta(days=1),
     )
-    connection.close()  # gunicorn's workers need the connection slots more than we do
-    time.sleep(max(0.0, opens_mono - LEAD_S - time.monotonic()))
-    answered: dict[str, int] = {}
-    what = f"rush, stock {stock:,}: users answered"
+    try:  # from the coupon's creation on: Ctrl-C or SIGTERM anywhere after it deletes it
+        connection.close()  # gunicorn's workers need the connection slots more than we do
+        time.sleep(max(0.0, opens_mono - LEAD_S - time.monotonic()))
+        answered: dict[str, int] = {}
+        what = f"rush, stock {stock:,}: users answered"
 
-    def on_line(line: str) -> None:
-        if line.startswith(("BENCH_PROGRESS ", "BENCH_DONE ")):
-            _, tid, n = line.split()
-            answered[tid] = int(n)
-            progress(what, sum(answered.values()), users)
+        def on_line(line: str) -> None:
+            if line.startswith(("BENCH_PROGRESS ", "BENCH_DONE ")):
+                _, tid, n = line.split()
+                answered[tid] = int(n)
+                progress(what, sum(answered.values()), users)
 
-    try:
         started = time.monotonic()
         meter = CpuMeter(gunicorn)
         summary, generator_cpu = load_generators.run_wrk_until_done(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +10,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
+from couponcenter.core.process import sigterm_unwinds
 from couponcenter.coupons.bench.progress import progress_bars
 
 
@@ -29,8 +29,7 @@ def run_production_bench(
         raise CommandError(f"{name} loads and deletes data: run it with DEBUG=1")
     if connection.vendor != "postgresql":
         raise CommandError(f"{name} needs PostgreSQL{needs_postgres}")
-    # SIGTERM unwinds like Ctrl-C: what the run changed is put back and its processes stopped.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    sigterm_unwinds()  # what the run changed is put back and its processes stopped
     with progress_bars(command.stderr._out) as progress:
         result = run(progress=progress, say=command.stderr.write)
     if as_json:

@@ -5,6 +5,7 @@ import json
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from couponcenter.core.process import sigterm_unwinds
 from expiry.bench.sweep import run_bench
 from expiry.services import DEFAULT_BATCH_SIZE
 
@@ -40,6 +41,7 @@ class Command(BaseCommand):
         parser.add_argument("--force", action="store_true", help="run even with DEBUG off")
 
     def handle(self, *args, count, workers, batch_size, rounds, **options):
+        sigterm_unwinds()  # what the run changed is put back, its processes stopped
         if count < 1 or workers < 1 or batch_size < 1:
             raise CommandError("--count, --workers and --batch-size must be at least 1.")
         if not 1 <= rounds <= 10:

@@ -2,6 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from couponcenter.core.process import sigterm_unwinds
 from couponcenter.coupons.bench.progress import progress_bars
 from reminders.bench import backlog
 
@@ -26,6 +27,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args, sizes: str, sample: int, **options):
+        sigterm_unwinds()  # what the run changed is put back, its processes stopped
         try:
             counts = [int(s) for s in sizes.split(",") if s.strip()]
         except ValueError:

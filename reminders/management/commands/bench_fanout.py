@@ -1,6 +1,7 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from couponcenter.core.process import sigterm_unwinds
 from couponcenter.coupons.bench.progress import progress_bars, result_write
 from reminders.bench import fanout
 
@@ -24,6 +25,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args, count: int, concurrency: int, wrk_seconds: float, **options):
+        sigterm_unwinds()  # what the run changed is put back, its processes stopped
         checks = {
             "--count": (count, 100, 2_000_000),
             "--concurrency": (concurrency, 1, 256),

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from couponcenter.core.process import sigterm_unwinds
 from couponcenter.coupons.bench.progress import progress_bars, result_write
 from reminders.bench import peers
 
@@ -26,6 +27,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args, count: int, rates: str, seconds: int, **options):
+        sigterm_unwinds()  # what the run changed is put back, its processes stopped
         if not 1 <= count <= 5_000_000:
             raise CommandError("--count must be between 1 and 5,000,000")
         try:

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from couponcenter.core.process import sigterm_unwinds
 from couponcenter.coupons.bench.progress import progress_bars, result_write
 from reminders.bench import end_to_end
 from reminders.models.reminder_settings import MAX_PRESTAGE_MS
@@ -35,6 +36,7 @@ class Command(BaseCommand):
     def handle(
         self, *args, count: int, steady_rate: int, steady_seconds: int, prestage_ms: int, **options
     ):
+        sigterm_unwinds()  # what the run changed is put back, its processes stopped
         if count < 1 or count > 5_000_000:
             raise CommandError("--count must be between 1 and 5,000,000")
         if steady_rate < 1 or steady_seconds < 0:

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from couponcenter.core.process import sigterm_unwinds
 from couponcenter.coupons.bench import http as bench_http
 from couponcenter.coupons.bench.progress import result_write
 
@@ -23,6 +24,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args, **options):
+        sigterm_unwinds()  # what the run changed is put back, its processes stopped
         if not 1 <= options["seconds"] <= 600 or options["stock"] < 0:
             raise CommandError("--seconds must be within 1..600 and --stock >= 0")
         if not 1 <= options["workers"] <= 64 or not 1 <= options["connections"] <= 4096:

@@ -5,6 +5,7 @@ import json
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from couponcenter.core.process import sigterm_unwinds
 from couponcenter.coupons.bench.progress import progress_bars
 from couponcenter.ops.bench import report, suite
 
@@ -46,6 +47,7 @@ class Command(BaseCommand):
         rush_users: int,
         **options,
     ):
+        sigterm_unwinds()  # what the run changed is put back, its processes stopped
         if options["report"]:
             self.stdout.write(report.markdown_spread(_load(options["report"])))
             return

@@ -5,6 +5,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
+from couponcenter.core.process import sigterm_unwinds
 from couponcenter.ops.bench.console import ConsoleBench
 
 TARGET_MS = 1000
@@ -20,6 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--keep", action="store_true", help="Do not delete the data after.")
 
     def handle(self, *args, count: int, repeat: int, json: bool, keep: bool, **options):
+        sigterm_unwinds()  # what the run changed is put back, its processes stopped
         if count < 1 or repeat < 1:
             raise CommandError("--count and --repeat must be at least 1")
 

@@ -7,11 +7,15 @@ faster healthz window is the reference). Stock 1,000 against 100,000 users is mo
 stock 100,000 mostly winners.
 
 wrk runs one connection per thread, so on a thread ``response()`` always answers the
-``request()`` just before it. Each thread owns a slice of the users and claims for them one
-after the other: a user answered 409 ``not_open`` taps again; any other answer is that user's
-final one (201, 409 ``sold_out`` / ``limit_reached`` / ``closed``; anything else counts as an
-error). A thread notes the monotonic time of its last final answer, says when its users are all
-answered, and stops; once every thread has, wrk is stopped and prints the summary. The winners
+``request()`` just before it. Each thread claims for one user at a time, the next one nobody
+has taken from a queue all threads share: a user answered 409 ``not_open`` taps again; any other
+answer is that user's final one (201, 409 ``sold_out`` / ``limit_reached`` / ``closed``; anything
+else counts as an error). Why a shared queue: with a fixed slice of the users per connection,
+the connections a less loaded worker served finished in half the time of the slowest, and for
+the rest of the rush their workers sat idle, which no crowd of independent users would allow
+(the run's rate was the slowest connection's). A thread notes the monotonic time of its last
+final answer and stops once the queue is empty; once every thread has, wrk is stopped and
+prints the summary. The winners
 are counted in the database afterwards (``http.audit``): they must equal the stock (or the
 users, when fewer), and no user may hold more than the limit.
 """
@@ -51,12 +55,18 @@ PREPARE_S = 1.0  # time to create the coupon (and build what its opening needs) 
 PER_USER_LIMIT = 1
 
 RUSH_SCRIPT = r"""
--- The rush: this thread (one connection) claims for its slice of the users, one after the
--- other. 409 not_open: the user taps again. Any other answer is the user's final one.
+-- The rush: each thread (one connection) claims for the next user nobody has taken yet, one
+-- user after the other, until the users run out. 409 not_open: the user taps again. Any other
+-- answer is the user's final one.
 local ffi = require("ffi")
 ffi.cdef[[
 typedef struct { long tv_sec; long tv_nsec; } rush_timespec;
 int clock_gettime(int clock_id, rush_timespec *tp);
+typedef struct { long next; char mutex[64]; } rush_queue;  /* pthread_mutex_t: 40 bytes */
+void *calloc(size_t count, size_t size);
+int pthread_mutex_init(void *mutex, const void *attr);
+int pthread_mutex_lock(void *mutex);
+int pthread_mutex_unlock(void *mutex);
 ]]
 local CLOCK_MONOTONIC, ts = 1, ffi.new("rush_timespec")
 local function now_us()  -- Python's time.monotonic() reads the same clock
@@ -68,28 +78,54 @@ local threads = {}
 local COUNTS = {"answered", "retries", "s201", "sold_out", "limit_reached", "closed", "errors"}
 local FINAL_409 = {"sold_out", "limit_reached", "closed"}
 
+-- The users' queue: a counter under a mutex in wrk's memory, which its threads share (each has
+-- a Lua state of its own, so it goes to them as an address: ``queue_address``, a global, as
+-- thread:set makes it in each). Allocated once, never freed: it lives as long as wrk.
+
 function setup(thread)
+  if queue_address == nil then
+    local queue = ffi.cast("rush_queue *", ffi.C.calloc(1, ffi.sizeof("rush_queue")))
+    ffi.C.pthread_mutex_init(queue.mutex, nil)
+    queue_address = tonumber(ffi.cast("intptr_t", queue))
+  end
+  thread:set("queue_address", queue_address)
   thread:set("tid", #threads)
   table.insert(threads, thread)
 end
 
+local function take()
+  ffi.C.pthread_mutex_lock(queue.mutex)
+  local i = tonumber(queue.next)
+  queue.next = i + 1
+  ffi.C.pthread_mutex_unlock(queue.mutex)
+  if i < users then return base + i end
+  return nil
+end
+
 function init(args)
-  local base, users, count = tonumber(args[3]), tonumber(args[4]), tonumber(args[5])
-  first_user = base + math.floor(tid * users / count)
-  last_user = base + math.floor((tid + 1) * users / count) - 1
-  user = first_user
+  queue = ffi.cast("rush_queue *", ffi.cast("intptr_t", queue_address))
+  base, users = tonumber(args[3]), tonumber(args[4])
   for _, name in ipairs(COUNTS) do _G[name] = 0 end
-  errors_by_status, first_us, last_us = {}, 0, 0
-  every = math.max(1, math.floor((last_user - first_user + 1) / 10))
+  errors_by_status, first_us, last_us, finished = {}, 0, 0, false
+  every = math.max(1, math.floor(users / tonumber(args[5]) / 10))
   headers = {["Authorization"] = "Token " .. args[2], ["Content-Type"] = "application/json"}
   body = '{"coupon": ' .. args[1] .. '}'
+  user = take()
 end
 
 function request()
-  if user > last_user then  -- stopping: whatever goes out now is not a claim
+  if user == nil then  -- stopping: whatever goes out now is not a claim
     return wrk.format("GET", "/healthz/live/")
   end
   return wrk.format("POST", string.format("/api/users/%.0f/coupons/", user), headers, body)
+end
+
+local function finish()
+  if finished then return end
+  finished = true
+  io.write(string.format("BENCH_DONE %d %d\n", tid, answered))
+  io.stdout:flush()
+  wrk.thread:stop()
 end
 
 local function final_code(status, body)
@@ -104,7 +140,7 @@ local function final_code(status, body)
 end
 
 function response(status, headers, body)
-  if user > last_user then return end
+  if user == nil then return finish() end
   if status == 409 and body:find('"not_open"', 1, true) then
     retries = retries + 1
     return
@@ -114,12 +150,11 @@ function response(status, headers, body)
     errors = errors + 1
     errors_by_status[err] = (errors_by_status[err] or 0) + 1
   end
-  answered, user, last_us = answered + 1, user + 1, now_us()
+  answered, last_us = answered + 1, now_us()
   if first_us == 0 then first_us = last_us end
-  if user > last_user then
-    io.write(string.format("BENCH_DONE %d %d\n", tid, answered))
-    io.stdout:flush()
-    wrk.thread:stop()
+  user = take()
+  if user == nil then
+    finish()
   elseif answered % every == 0 then
     io.write(string.format("BENCH_PROGRESS %d %d\n", tid, answered))
     io.stdout:flush()
@@ -127,7 +162,7 @@ function response(status, headers, body)
 end
 
 function done(summary, latency, requests)
-  local total, by_status, first, last, unanswered = {}, {}, 0, 0, 0
+  local total, by_status, first, last = {}, {}, 0, 0
   for _, name in ipairs(COUNTS) do total[name] = 0 end
   for _, t in ipairs(threads) do
     for _, name in ipairs(COUNTS) do total[name] = total[name] + t:get(name) end
@@ -137,8 +172,8 @@ function done(summary, latency, requests)
     local f, l = t:get("first_us"), t:get("last_us")
     if f > 0 and (first == 0 or f < first) then first = f end
     if l > last then last = l end
-    unanswered = unanswered + t:get("last_user") - t:get("user") + 1
   end
+  local unanswered = threads[1]:get("users") - total.answered
   local parts, errs = {}, {}
   for _, name in ipairs(COUNTS) do
     table.insert(parts, string.format('"%s": %d', name, total[name]))
@@ -267,7 +302,11 @@ def _rush(
         answered: dict[str, int] = {}
         what = f"rush, stock {stock:,}: users answered"
 
+        done_at: list[float] = []
+
         def on_line(line: str) -> None:
+            if line.startswith("BENCH_DONE "):
+                done_at.append(time.monotonic())
             if line.startswith(("BENCH_PROGRESS ", "BENCH_DONE ")):
                 _, tid, n = line.split()
                 answered[tid] = int(n)
@@ -291,10 +330,18 @@ def _rush(
             generator_cpu=generator_cpu,
             cpu=meter.used(),
             audit=audit(coupon_id=coupon.pk),
+            done_us=[t * 1e6 for t in done_at],
         )
     finally:
         delete_bench_coupon(coupon.pk)
     return summary
+
+
+def _first_median_last(values: list[float]) -> list[float]:
+    ordered = sorted(values)
+    if not ordered:
+        return []
+    return [round(ordered[0], 3), round(ordered[len(ordered) // 2], 3), round(ordered[-1], 3)]
 
 
 def _figures(rush: dict, healthz: tuple[dict, dict], *, users: int) -> dict[str, Any]:
@@ -322,6 +369,11 @@ def _figures(rush: dict, healthz: tuple[dict, dict], *, users: int) -> dict[str,
         "p999_ms": round(rush["p999_us"] / 1000, 2),
         "all_answered_s": round((rush["last_answer_us"] - rush["started_us"]) / 1e6, 3),
         "first_answer_after_open_ms": round((rush["first_answer_us"] - rush["opens_us"]) / 1e3, 1),
+        # When the connections ran out of users (first, median, last), from the opening: the
+        # answers per second above include the tail where fewer connections were still busy.
+        "connections_done_after_open_s": _first_median_last(
+            [(t - rush["opens_us"]) / 1e6 for t in rush["done_us"]]
+        ),
         "lead_s": round(rush["lead_s"], 3),
         "winners": winners,
         "users_over_limit": found["users_holding_two"],  # the limit is one

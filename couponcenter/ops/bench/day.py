@@ -148,12 +148,14 @@ def run(
         try:
             queue.record_layout(REMINDER_TOPIC, reminder_settings_get().slots)
             with receiver_process() as receiver:
-                for phase in ("alone", "together"):
-                    for kind in ("steady", "burst"):
-                        _topic(f"{TOPIC_PREFIX}{kind}-{phase}", f"{receiver}/{kind}-{phase}")
-                _, token = accounts.account_ensure(
+                account, token = accounts.account_ensure(
                     username=ACCOUNT, permissions=("act_for_any_user", "manage_timeouts")
                 )
+                for phase in ("alone", "together"):
+                    for kind in ("steady", "burst"):
+                        _topic(
+                            f"{TOPIC_PREFIX}{kind}-{phase}", f"{receiver}/{kind}-{phase}", account
+                        )
                 say(
                     "starting the production processes"
                     " (2 web pods, reminder worker, Celery, sweeper)"
@@ -754,10 +756,12 @@ def _timeouts_due(topic: str, at: float) -> None:
     _move_due(topic, datetime.fromtimestamp(at, UTC))
 
 
-def _topic(name: str, url: str) -> None:
+def _topic(name: str, url: str, owner) -> None:
+    """A topic of the bench's own: owned by its API account, which looks its jobs up by key (a
+    topic without an owner is staff's alone, and the account is not staff)."""
     TimeoutTopic.objects.filter(name=name).delete()
     timeout_topic_save(
-        topic=TimeoutTopic(name=name),
+        topic=TimeoutTopic(name=name, owner_user=owner),
         type="http",
         target=url,
         secret=secrets.token_urlsafe(32),

@@ -66,6 +66,9 @@ def test_a_shortened_day_loses_nothing_through_the_deploy_and_holds_background_w
         assert paths["reminders_burst"][phase]["lateness_samples"] == SHAPE.burst
         assert paths["timeouts"][phase]["burst"]["lateness_samples"] == SHAPE.timeout_burst
         assert paths["api_reads"][phase]["latency_samples"] > 0
+        # Every read answered as the client meant it (a job looked up by key is 200 or 404),
+        # so the latency is the lookups', not refusals'.
+        assert paths["api_reads"][phase]["errors"] == {}, paths["api_reads"][phase]
         assert paths["claims"][phase]["steady"]["latency_samples"] > 0
         assert paths["expiry"][phase]["expired"] == SHAPE.expiry
     # Background work waited for the late path while the reminder worker was away (which job

@@ -5,6 +5,7 @@ Tests never flush a Redis database they did not create: each test gets its own k
 """
 
 import os
+import threading
 import uuid
 
 import pytest
@@ -13,6 +14,7 @@ from django.db import connection
 from couponcenter.celery import app as celery_app
 from couponcenter.core import urgency
 from couponcenter.core.redis import get_redis, is_cluster
+from couponcenter.coupons import gate
 from expiry.services import expiry_settings_cache_clear
 from reminders.selectors import reminder_settings_cache_clear
 from tests.support.settings_rows import reminder_settings_row
@@ -62,6 +64,17 @@ def redis_prefix(settings, redis_client):
     settings.REDIS_KEY_PREFIX = prefix
     yield prefix
     delete_keys(redis_client, f"{prefix}:*")
+
+
+@pytest.fixture(autouse=True)
+def gate_builds_joined(redis_prefix):
+    """A claim that found no gate rebuilds it in a thread of its own (``gate.gate_build_soon``):
+    it ends before the test's keys are deleted and its database flushed, which would otherwise
+    deadlock with its reads."""
+    yield
+    for thread in threading.enumerate():
+        if thread.name.startswith(gate.BUILD_THREAD_PREFIX):
+            thread.join(timeout=60)
 
 
 def delete_keys(client, pattern: str) -> None:

@@ -73,6 +73,8 @@ _RETRY_S = 1.0
 # gate_build_soon's lock: one build per coupon at a time across processes; it lapses by itself
 # if its process dies mid-build.
 _BUILD_LOCK_MS = 30_000
+# A background build's thread is named this, then the coupon's id.
+BUILD_THREAD_PREFIX = "gate-build-"
 # The users' claim counts go to Redis this many fields per HSET, this many HSETs per round trip.
 _HSET_FIELDS = 1000
 _PIPELINE_HSETS = 10
@@ -428,7 +430,7 @@ def gate_build_soon(*, coupon_id: int) -> threading.Thread | None:
     thread = threading.Thread(
         target=_build_in_background,
         args=(coupon_id, lock, token),
-        name=f"gate-build-{coupon_id}",
+        name=f"{BUILD_THREAD_PREFIX}{coupon_id}",
         daemon=True,
     )
     thread.start()

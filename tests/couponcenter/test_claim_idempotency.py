@@ -15,7 +15,7 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from couponcenter.coupons import services
+from couponcenter.coupons import services, stock
 from couponcenter.coupons.api import claims as claims_api
 from couponcenter.coupons.models import CouponStockShard, UserCoupon
 from couponcenter.coupons.rules import ClaimRefused
@@ -243,6 +243,9 @@ def test_redis_unreachable_the_claim_runs_and_the_column_guards_it(settings):
 def test_a_request_while_the_first_is_in_flight_is_a_409(redis_client, redis_prefix):
     token = service_token()
     coupon = CouponFactory()
+    # Sharded now: a factory's coupon is sharded by its first claim, which the lock below would
+    # not hold back (no shard to lock), and the first claim would answer before the second came.
+    stock.stock_shards_ensure(coupon_id=coupon.pk)
     locked, release = threading.Event(), threading.Event()
     answers = {}
 
@@ -250,7 +253,8 @@ def test_a_request_while_the_first_is_in_flight_is_a_409(redis_client, redis_pre
         # Every shard locked: the first claim waits in PostgreSQL until it is released.
         try:
             with transaction.atomic():
-                list(CouponStockShard.objects.select_for_update().filter(coupon=coupon))
+                shards = CouponStockShard.objects.select_for_update().filter(coupon=coupon)
+                assert len(shards) == stock.shard_count()
                 locked.set()
                 release.wait(30)
         finally:

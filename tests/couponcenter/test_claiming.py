@@ -93,7 +93,9 @@ def test_without_a_gate_the_claim_goes_to_postgresql_and_the_gate_is_built_again
     user_coupon = claiming.coupon_claim_gated(coupon_id=coupon.pk, user_id=1)
     assert UserCoupon.objects.filter(pk=user_coupon.pk).exists()
     # The rebuild runs in a thread of its own: wait for the gate it builds.
-    for thread in [t for t in threading.enumerate() if t.name == f"gate-build-{coupon.pk}"]:
+    for thread in [
+        t for t in threading.enumerate() if t.name == f"{gate.BUILD_THREAD_PREFIX}{coupon.pk}"
+    ]:
         thread.join(timeout=60)
     taken, users, held = gate_state(redis_client, coupon.pk)
     assert (taken, users, held) == (1, {1: 1}, 0)

@@ -277,7 +277,11 @@ def _sweep(now: datetime) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     ready, start, results = ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=sweeper_child.sweep, args=(now, ready, start, results), daemon=True)
+        ctx.Process(
+            target=sweeper_child.sweep,
+            args=(os.getpid(), now, ready, start, results),
+            daemon=True,
+        )
         for _ in range(SWEEPERS)
     ]
     try:

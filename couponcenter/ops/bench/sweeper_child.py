@@ -7,8 +7,15 @@ import os
 from datetime import datetime
 
 
-def sweep(now: datetime, ready, start, results) -> None:
-    """Ready, then at the start signal the sweeper's code path over what is due at ``now``."""
+def sweep(parent: int, now: datetime, ready, start, results) -> None:
+    """Ready, then at the start signal the sweeper's code path over what is due at ``now``.
+    ``parent``: the run's process id, passed in because the run may be dead before this child
+    could read it."""
+    from couponcenter.core.process import die_with_parent
+
+    die_with_parent()  # a run killed outright (SIGKILL) takes its sweepers with it
+    if os.getppid() != parent:
+        return  # it died before the line above
     import django
 
     django.setup()
@@ -16,7 +23,6 @@ def sweep(now: datetime, ready, start, results) -> None:
 
     from expiry.services import expiry_sweep_due
 
-    parent = os.getppid()
     ready.put(1)
     while not start.wait(1):
         if os.getppid() != parent:

@@ -5,6 +5,7 @@ the day before's expiry tasks removed by retention once re-dated); speed is neve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -190,13 +191,16 @@ def test_a_run_killed_outright_still_has_autovacuum_put_back(tmp_path):
                                 stdout=subprocess.DEVNULL)  # fmt: skip
         try:
             deadline = time.monotonic() + 180
-            while not Coupon.objects.filter(name__startswith=days.COUPON_NAME).exists():
+            # Killed in the first night, once its sweeper processes have started: they too must
+            # not outlive the run, whether they are still starting or waiting for the start.
+            while len(sweepers := _sweepers(proc.pid)) < days.SWEEPERS:
                 assert proc.poll() is None, err.read_text()
                 assert time.monotonic() < deadline, err.read_text()
-                time.sleep(0.1)  # polls the database
+                time.sleep(0.05)  # polls the process table
             assert _autovacuum() == "on"
             children = psutil.Process(proc.pid).children(recursive=True)
-            assert children  # its receiver, reminder worker and Celery worker
+            # and its receiver, reminder worker and Celery worker
+            assert len(children) > len(sweepers)
         finally:
             proc.kill()
             proc.wait()
@@ -207,6 +211,16 @@ def test_a_run_killed_outright_still_has_autovacuum_put_back(tmp_path):
     assert _autovacuum_in_auto_conf() == auto_conf_before  # and for the next server start
     _, alive = psutil.wait_procs(children, timeout=60)
     assert not alive, [child.cmdline() for child in alive]
+
+
+def _sweepers(pid: int) -> list[psutil.Process]:
+    """The night's sweeper processes of the run ``pid`` (multiprocessing's spawned children)."""
+    sweepers = []
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "spawn_main" in " ".join(child.cmdline()):
+                sweepers.append(child)
+    return sweepers
 
 
 def test_the_fitted_line_reads_a_trend_through_the_noise_of_single_days():

@@ -75,10 +75,13 @@ def test_a_rule_that_never_ends_comes_too_often_or_costs_too_much_is_refused(
 ):
     # A first-use trial posted FREQ=DAILY;INTERVAL=0 and got 201; its first firing spun a core
     # forever with the row locked.
-    response = staff_client.post("/api/timeouts/", _body(rule), format="json")
+    # From a Tuesday, whatever today is: from a Monday, 7 days apart on Mondays is every Monday.
+    at = timezone.now() + timedelta(days=1)
+    at += timedelta(days=(1 - at.weekday()) % 7)
+    response = staff_client.post("/api/timeouts/", _body(rule, at=at), format="json")
     assert response.status_code == 400, response.content
     assert words in " ".join(response.json()["errors"]["recurrence"])
-    bulk = staff_client.post("/api/timeouts/bulk/", {"jobs": [_body(rule)]}, format="json")
+    bulk = staff_client.post("/api/timeouts/bulk/", {"jobs": [_body(rule, at=at)]}, format="json")
     assert bulk.status_code == 400, bulk.content
     assert not TimeoutJob.objects.exists()
 

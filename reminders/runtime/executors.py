@@ -84,9 +84,10 @@ class TopicExecutors:
         return self._by_topic.get(topic)
 
     def load(self) -> dict[str, list[int]]:
-        """Per topic: [jobs in flight, how many it takes in (its queue's capacity), threads]."""
+        """Per topic: [jobs taking room (held, waiting for a call or firing; not those fired and
+        waiting to be settled), how many it takes in (its queue's capacity), threads]."""
         return {
-            name: [e.in_flight, e.capacity, e.spec.concurrency]
+            name: [e.occupying, e.capacity, e.spec.concurrency]
             for name, e in list(self._by_topic.items())
         }
 

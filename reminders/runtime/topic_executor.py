@@ -101,6 +101,9 @@ class TopicExecutor:
         self._pool_http = OutboundPool(pool_size=spec.concurrency) if spec.type == "http" else None
         self._lock = threading.Condition()
         self._in_flight = 0
+        # Of those in flight: fired and waiting for the settler. They hold no connection and wait
+        # for no receiver, so they take no room (``room``) until there are a settler round's worth.
+        self._settling = 0
         self.counts = {"acked": 0, "retried": 0, "dead": 0}
         self._fired: stdlib_queue.SimpleQueue[Fired | None] = stdlib_queue.SimpleQueue()
         self._pool: ThreadPoolExecutor | None = None
@@ -144,12 +147,29 @@ class TopicExecutor:
         if self.quarantine.active:
             return 0
         with self._lock:
-            return max(0, self.capacity - self._in_flight)
+            return self._room()
+
+    def _room(self) -> int:
+        """Under ``_lock``: the capacity left beside what is held, waiting or firing; none while
+        a settler round's worth of fired jobs waits to be settled (the settler is behind)."""
+        if self._settling >= SETTLE_MAX:
+            return 0
+        return max(0, self.capacity - self.occupying_locked())
+
+    def occupying_locked(self) -> int:
+        """Under ``_lock``: the jobs in flight that take room (all but those settling)."""
+        return self._in_flight - self._settling
 
     @property
     def in_flight(self) -> int:
         with self._lock:
             return self._in_flight
+
+    @property
+    def occupying(self) -> int:
+        """The jobs held, waiting for a call or firing (in flight and not settling)."""
+        with self._lock:
+            return self.occupying_locked()
 
     def submit(
         self, slot: int, jobs: list[tuple[TimeoutJob, int]], *, suspect: bool = False
@@ -315,10 +335,15 @@ class TopicExecutor:
         failed); a full batch that fits again wakes the dispatcher (``on_room``)."""
         if n <= 0:
             return
+        self._moved(in_flight=-n)
+
+    def _moved(self, *, in_flight: int = 0, settling: int = 0) -> None:
+        """Change the counts; a full batch that fits again wakes the dispatcher (``on_room``)."""
         with self._lock:
-            was_full = self.capacity - self._in_flight < self.batch_size
-            self._in_flight -= n
-            room_again = was_full and self.capacity - self._in_flight >= self.batch_size
+            was_full = self._room() < self.batch_size
+            self._in_flight += in_flight
+            self._settling += settling
+            room_again = was_full and self._room() >= self.batch_size
             self._lock.notify_all()
         if room_again and self.on_room is not None:
             self.on_room()
@@ -336,7 +361,10 @@ class TopicExecutor:
 
     def _fire_to_settler(self, slot: int, jobs: list[tuple[TimeoutJob, int]]) -> None:
         try:
-            for fired in self._run(slot, jobs):
+            fired_jobs = self._run(slot, jobs)
+            # Counted before they are queued: the settler may take them at once.
+            self._moved(settling=len(fired_jobs))
+            for fired in fired_jobs:
                 self._fired.put(fired)
         finally:
             close_old_connections()  # a callable may have used the database
@@ -366,12 +394,13 @@ class TopicExecutor:
                 except stdlib_queue.Empty:
                     break
                 if item is None:
-                    self._settle_safely(batch)
+                    self._settle_safely(batch, queued=True)
                     return
                 batch.append(item)
-            self._settle_safely(batch)
+            self._settle_safely(batch, queued=True)
 
-    def _settle_safely(self, fired: list[Fired]) -> None:
+    def _settle_safely(self, fired: list[Fired], *, queued: bool = False) -> None:
+        """Settle ``fired``; ``queued``: they came through the settler's queue (``_settling``)."""
         try:
             counts = self._settle(self.spec, fired)
             with self._lock:
@@ -381,7 +410,7 @@ class TopicExecutor:
             logger.exception("settling %d jobs of %s failed", len(fired), self.spec.name)
             close_old_connections()
         finally:
-            self._count_out(len(fired))
+            self._moved(in_flight=-len(fired), settling=-len(fired) if queued else 0)
 
     # --- lifecycle ------------------------------------------------------------------------------
 

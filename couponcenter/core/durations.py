@@ -28,7 +28,9 @@ def iso_duration(value: timedelta) -> str:
     clock = ""
     if hours:
         clock += f"{hours}H"
-    if minutes:
+    # RFC 3339's duration grammar (the schema's ``format: duration``) reaches seconds from hours
+    # only through minutes: "PT1H0M5S", never "PT1H5S".
+    if minutes or (hours and (secs or micro)):
         clock += f"{minutes}M"
     if secs or micro:
         clock += f"{secs}.{micro:06d}".rstrip("0") + "S" if micro else f"{secs}S"

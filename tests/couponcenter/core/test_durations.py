@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import jsonschema_rs
 import pytest
 from django.utils.dateparse import parse_duration
 
@@ -27,11 +28,27 @@ pytestmark = pytest.mark.django_db
         (timedelta(seconds=90061, microseconds=250_000), "P1DT1H1M1.25S"),
         (-timedelta(minutes=5), "-PT5M"),
         (timedelta(days=3660), "P3660D"),
+        # Seconds after hours carry the minutes: RFC 3339's grammar (the OpenAPI schema's
+        # "duration" format) has no hours-then-seconds form.
+        (timedelta(days=146, hours=1, seconds=31), "P146DT1H0M31S"),
+        (timedelta(hours=2, seconds=1), "PT2H0M1S"),
     ],
 )
 def test_iso_duration_is_the_shortest_form_and_reads_back(value, text):
     assert iso_duration(value) == text
     assert parse_duration(text) == value
+
+
+@pytest.mark.parametrize("seconds", [0, 1, 59, 60, 61, 3599, 3600, 3601, 3660, 3661, 86399, 86400,
+                                     86401, 86460, 90000, 90001, 12_618_031])  # fmt: skip
+def test_whole_seconds_fit_the_schemas_duration_format(seconds):
+    """What the API answers for a whole number of seconds (all its inputs allow) is valid under
+    the ``format: duration`` its OpenAPI schema declares, as a schema validator checks it."""
+    validator = jsonschema_rs.Draft202012Validator(
+        {"type": "string", "format": "duration"}, validate_formats=True
+    )
+    text = iso_duration(timedelta(seconds=seconds))
+    assert validator.is_valid(text), text
 
 
 @pytest.fixture

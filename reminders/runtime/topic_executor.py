@@ -154,9 +154,9 @@ class TopicExecutor:
         a settler round's worth of fired jobs waits to be settled (the settler is behind)."""
         if self._settling >= SETTLE_MAX:
             return 0
-        return max(0, self.capacity - self.occupying_locked())
+        return max(0, self.capacity - self._occupying())
 
-    def occupying_locked(self) -> int:
+    def _occupying(self) -> int:
         """Under ``_lock``: the jobs in flight that take room (all but those settling)."""
         return self._in_flight - self._settling
 
@@ -169,7 +169,7 @@ class TopicExecutor:
     def occupying(self) -> int:
         """The jobs held, waiting for a call or firing (in flight and not settling)."""
         with self._lock:
-            return self.occupying_locked()
+            return self._occupying()
 
     def submit(
         self, slot: int, jobs: list[tuple[TimeoutJob, int]], *, suspect: bool = False

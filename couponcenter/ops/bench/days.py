@@ -410,12 +410,27 @@ def _order_timeouts(day: int, shape: Shape, progress: Progress, *, before: int) 
     processed = TimeoutJob.objects.filter(
         pk__gt=before, topic=TOPIC, status=TimeoutJob.Status.PROCESSED
     )
-    fired = _wait(f"day {day}: timeouts fired", processed.count, fire, progress)
+    beside: set[str] = set()
+    fired = _wait(
+        f"day {day}: timeouts fired",
+        processed.count,
+        fire,
+        progress,
+        each=lambda: beside.update(autovacuum_now()),
+    )
     # A fired job's gmt_modified is the moment its firing was recorded.
-    done = processed.aggregate(last=models.Max("gmt_modified"))["last"]
+    settled = sorted(processed.values_list("gmt_modified", flat=True))
+    done = settled[-1]
     return {
         "timeout_create_per_s": round(shape.timeouts / create_s),
         "timeout_fire_per_s": round(fire / max((done - due).total_seconds(), 1e-3)),
+        # Where the firing's seconds went: from the due second to the first settle, to half of
+        # them, to the last; and what autovacuum did meanwhile.
+        "timeout_fire_settled_s": [
+            round((at - due).total_seconds(), 3)
+            for at in (settled[0], settled[len(settled) // 2], done)
+        ],
+        "timeout_fire_autovacuum_beside": sorted(beside),
         "timeouts_cancelled": len(cancel),
         "timeouts_fired": fired,
     }
@@ -427,10 +442,19 @@ def _forget_topic_keys() -> None:
         client.delete(key)
 
 
-def _wait(what: str, done: Callable[[], int], total: int, progress: Progress) -> int:
-    """Poll ``done()`` every ``POLL_S`` until it reaches ``total``; its last answer."""
+def _wait(
+    what: str,
+    done: Callable[[], int],
+    total: int,
+    progress: Progress,
+    *,
+    each: Callable[[], None] = lambda: None,
+) -> int:
+    """Poll ``done()`` every ``POLL_S`` until it reaches ``total``, calling ``each()`` at every
+    poll; the last answer."""
     deadline = time.monotonic() + WAIT_S
     while (n := done()) < total:
+        each()
         progress(what, n, total)
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what}: {n} of {total} after {WAIT_S} s")
@@ -708,10 +732,13 @@ def day_line(day: dict[str, Any]) -> str:
     dead = sum(t["dead_tuples"] for t in day["tables"].values())
     live = sum(t["live_tuples"] for t in day["tables"].values())
     read = _read_mib(day["buffers"], day["block_size"])
+    first, half, last = day["timeout_fire_settled_s"]
+    fire_beside = ", ".join(day["timeout_fire_autovacuum_beside"]) or "none"
     return (
         f"day {day['day']}: sweep {day['expiry_sweep_per_s']:,}/s, inbox "
         f"{day['inbox_burst_per_s']:,}/s, timeouts created {day['timeout_create_per_s']:,}/s "
-        f"fired {day['timeout_fire_per_s']:,}/s; tables {total:,.1f} MiB, dead tuples "
+        f"fired {day['timeout_fire_per_s']:,}/s (settled {first} / {half} / {last} s after due, "
+        f"autovacuum beside: {fire_beside}); tables {total:,.1f} MiB, dead tuples "
         f"{dead:,} of {live:,} live after autovacuum's round ({day['autovacuum_wait_s']} s; "
         f"{sum(day['dead_tuples_at_day_end'].values()):,} before it); shared buffers "
         f"{_hit_share(day['buffers'])} of blocks hit, {read:,.1f} MiB read into them; "
@@ -764,6 +791,21 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {day['day']} | {day['expiry_sweep_per_s']:,} | {night['wal_bytes'] / 2**20:,.1f} "
             f"| {night['wal_fpi']:,} | {read:,.1f} | {beside} |"
+        )
+    lines += [
+        "",
+        "What each day's firing met (seconds after the due second when the first, half and the "
+        "last of its jobs were settled):",
+        "",
+        "| day | fire /s | first s | half s | last s | autovacuum beside it |",
+        "| --- " * 6 + "|",
+    ]
+    for day in result["days"]:
+        first, half, last = day["timeout_fire_settled_s"]
+        beside = ", ".join(day["timeout_fire_autovacuum_beside"]) or "-"
+        lines.append(
+            f"| {day['day']} | {day['timeout_fire_per_s']:,} | {first} | {half} | {last} "
+            f"| {beside} |"
         )
     lines += [
         "",

@@ -90,6 +90,11 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
         assert night["wal_bytes"] > 0 and night["wal_fpi"] >= 0
         assert night["buffers"][UserCoupon._meta.db_table]["hit"] > 0
         assert all(isinstance(what, str) for what in night["autovacuum_beside"])
+        # Where the firing's seconds went: settled in order, the last one setting the rate.
+        first, half, last = day["timeout_fire_settled_s"]
+        assert 0 <= first <= half <= last
+        assert fired / day["timeout_fire_per_s"] == pytest.approx(last, abs=0.0006)  # ms rounding
+        assert all(isinstance(what, str) for what in day["timeout_fire_autovacuum_beside"])
     # Retention (one day) removes the day before's processed tasks, re-dated a day back, each day.
     removed = [d["retention_removed"][ExpiryTask._meta.db_table] for d in result["days"]]
     if table_partitioned(ExpiryTask._meta.db_table):
@@ -110,6 +115,7 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
     assert any(line.startswith("total size: last day / day 2") for line in lines)
     assert any("| buffer hits | MiB read |" in line for line in lines)
     assert any(line.startswith("| day | sweep /s | WAL MiB |") for line in lines)
+    assert any(line.startswith("| day | fire /s | first s | half s | last s |") for line in lines)
 
     # It said so, and put autovacuum, the live settings and the database back.
     if autovacuum_before != "on":

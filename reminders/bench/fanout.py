@@ -96,14 +96,6 @@ def _checked(arrivals: list[Arrival], expected_ids: set[str], who: str) -> dict[
     return {"arrived": len(arrivals), "repeated": len(ids) - len(set(ids))}
 
 
-def _wait_logged(nginx: Nginx, path: str, count: int) -> None:
-    """Until ``count`` requests to ``path`` are in the log (it is written in buffers), or a few
-    flush intervals passed (the check that follows then says what is missing)."""
-    deadline = time.monotonic() + 20 * LOG_FLUSH_S
-    while nginx.count(path) < count and time.monotonic() < deadline:
-        time.sleep(LOG_FLUSH_S / 10)
-
-
 def _signed_by(secret: str, arrival: Arrival, job: TimeoutJob) -> bool:
     """The arrival's signature is the job's body signed with ``secret``, at the arrival's
     timestamp (the body is the job's payload, as ``fire_jobs`` makes it)."""
@@ -260,7 +252,7 @@ def bench_bullmq(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    _wait_logged(nginx, "/bullmq", count)
+    nginx.wait_logged("/bullmq", count)
     arrivals = nginx.arrivals("/bullmq")
     checked = _checked(arrivals, {f"{TOPIC}:{n}" for n in range(1, count + 1)}, "BullMQ")
     seconds = _span(arrivals)

@@ -1,4 +1,4 @@
-"""A fast webhook receiver for ``bench_fanout``: nginx from Debian's packages answering 204 to
+"""A fast webhook receiver for ``bench_fanout`` and ``bench_days``: nginx from Debian's packages answering 204 to
 every POST, started and stopped by the benchmark on a free loopback port.
 
 Everything it writes (its configuration, pid file, error and access logs, temporary files) lives
@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from couponcenter.core.process import die_with_parent
 from couponcenter.coupons.bench.http import free_port, stop
 
 # How often nginx writes its buffered access log (the ``flush=`` below).
@@ -90,6 +91,15 @@ class Nginx:
         with open(self.access_log, "rb") as log:
             return sum(1 for line in log if needle in line)
 
+    def wait_logged(self, path: str, count: int) -> int:
+        """Until ``count`` requests to ``path`` are in the log (it is written in buffers), or a
+        few flush intervals passed (the check that follows then says what is missing); the
+        requests logged."""
+        deadline = time.monotonic() + 20 * LOG_FLUSH_S
+        while (logged := self.count(path)) < count and time.monotonic() < deadline:
+            time.sleep(LOG_FLUSH_S / 10)
+        return logged
+
     def arrivals(self, path: str) -> list[Arrival]:
         """Every logged request to ``path``, in the order they were logged."""
         found = []
@@ -126,7 +136,10 @@ def nginx_receiver(*, timeout_s: float = 15) -> Iterator[Nginx]:
     (directory / "access.log").touch()
     # -e: the error log before the configuration is read (else the compiled-in root path).
     argv = [binary, "-p", str(directory), "-c", str(conf), "-e", str(directory / "error.log")]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # A run killed outright (no ``finally``) takes nginx with it.
+    process = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent
+    )
     try:
         _wait_listening(process, port, directory, timeout_s)
         yield Nginx(f"http://127.0.0.1:{port}", directory, process)

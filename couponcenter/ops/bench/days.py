@@ -12,8 +12,10 @@ Each simulated day:
   ``reminders.bench.processes``); the rate is reminders in the inbox per second from the due
   second;
 - **order timeouts**: ``timeouts`` http jobs created in bulk (the creation rate), four in five
-  cancelled by the service, the rest fired by the reminder worker at a local receiver (the firing
-  rate, from the due second to the last one processed);
+  cancelled by the service, the rest fired by the reminder worker at nginx answering 204
+  (``reminders.bench.nginx``: the rate is the sender's and the database's, not a receiver's that
+  would share the two cores), from the due second to the last one processed; every one fired
+  must be in nginx's access log;
 - **retention**: ``day_retention`` (below), the app's retention and partition maintenance.
 
 Compressed time. The hot paths run on the real clock: the production processes fire what is due
@@ -66,7 +68,8 @@ from expiry import services as expiry_services
 from expiry.models import ExpirySettings, ExpiryTask
 from expiry.retention import expiry_retention
 from reminders.bench.end_to_end import prestage_window
-from reminders.bench.processes import bench_processes, receiver_process
+from reminders.bench.nginx import Nginx, NginxMissing, nginx_binary, nginx_receiver
+from reminders.bench.processes import bench_processes
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
@@ -94,6 +97,7 @@ USER_BASE = 9_500_000_000  # the reminders' users, far from real ones; each day 
 SWEEPERS = 2
 USED_EVERY = 10  # one claim in ten is used during the day; the night expires the rest
 CANCEL_OF_FIVE = 4  # four timeout jobs in five are cancelled, the fifth fires
+FIRE_PATH = "/days"  # where the timeouts fire, on the run's nginx
 CHUNK = 10_000
 WAIT_S = 600  # the longest a phase may take before the run gives up
 # How often a phase's end is polled. The rates do not depend on it: the end is read from the
@@ -133,6 +137,15 @@ DEAD_SHARE = 0.10
 AUTOVACUUM_WAIT_S = 150.0
 
 
+def nginx_missing() -> str | None:
+    """What to install when nginx, the receiver the timeouts fire at, is not there."""
+    if nginx_binary() is None:
+        return (
+            "bench_days fires its timeouts at nginx: apt-get install nginx-light (make bench does)"
+        )
+    return None
+
+
 def day_retention(now: datetime) -> dict[str, int]:
     """The apps' retention passes (and, where the tables are partitioned, their partition upkeep),
     one each, as of ``now``: what the sweeper and the reminder worker run on their own schedule,
@@ -168,6 +181,8 @@ def run(
     """The whole calendar; the result (per day, the ratios and the targets)."""
     if connection.vendor != "postgresql":
         raise RuntimeError("bench_days needs PostgreSQL (autovacuum, table sizes, dead tuples)")
+    if missing := nginx_missing():  # before anything is changed
+        raise NginxMissing(missing)
     progress = progress or (lambda what, done, total: None)
     days: list[dict[str, Any]] = []
     result: dict[str, Any] = {"shape": shape.__dict__, "days": days}
@@ -176,17 +191,17 @@ def run(
         autovacuum_on(say) as autovacuum,
         retention_settings(timedelta(days=shape.retention_days)),
         _environ(WEBHOOK_ALLOW_PRIVATE="1", RETENTION_EVERY_S="86400"),
-        receiver_process() as receiver,
+        nginx_receiver() as receiver,
     ):
         result["autovacuum"] = autovacuum
-        _topic(receiver)
+        _topic(receiver.url)
         log_dir = str(settings.VAR_DIR)
         # The burst without pre-staging: its rate is the pipeline's, due second to inbox.
         with bench_processes(prefix, delivery_queue, log_dir=log_dir), prestage_window(0):
             # Partitions for the first simulated day exist before its rows are re-dated.
             day_retention(_simulated_now(1, shape) - timedelta(days=1))
             for day in range(1, shape.days + 1):
-                figures = _day(day, shape, progress)
+                figures = _day(day, shape, progress, receiver)
                 days.append(figures)
                 say(day_line(figures))
                 progress("days", day, shape.days)
@@ -198,7 +213,7 @@ def _simulated_now(day: int, shape: Shape) -> datetime:
     return timezone.now() - timedelta(days=shape.days - day)
 
 
-def _day(day: int, shape: Shape, progress: Progress) -> dict[str, Any]:
+def _day(day: int, shape: Shape, progress: Progress, receiver: Nginx) -> dict[str, Any]:
     marks = {model: _max_pk(model) for model in TABLES}
     buffers = buffer_stats()
     figures: dict[str, Any] = {"day": day, "block_size": _block_size()}
@@ -206,7 +221,7 @@ def _day(day: int, shape: Shape, progress: Progress) -> dict[str, Any]:
         day, shape, progress
     )
     figures["inbox_burst_per_s"], figures["inbox"] = _reminder_burst(day, shape, progress)
-    timeouts = _order_timeouts(day, shape, progress, before=marks[TimeoutJob])
+    timeouts = _order_timeouts(day, shape, progress, receiver, before=marks[TimeoutJob])
     figures.update(timeouts)
     figures["buffers"] = _since(buffers, buffer_stats())  # the hot paths', not the re-dating's
     back = timedelta(days=shape.days - day)
@@ -371,15 +386,18 @@ def _topic(receiver: str) -> None:
     timeout_topic_save(
         topic=TimeoutTopic(name=TOPIC),
         type="http",
-        target=f"{receiver}/fast",
+        target=f"{receiver}{FIRE_PATH}",
         secret=secrets.token_urlsafe(32),
         allow_http=True,
         concurrency=16,
     )
 
 
-def _order_timeouts(day: int, shape: Shape, progress: Progress, *, before: int) -> dict[str, Any]:
+def _order_timeouts(
+    day: int, shape: Shape, progress: Progress, receiver: Nginx, *, before: int
+) -> dict[str, Any]:
     """``before``: the largest job id before the day, so its jobs are the ids above."""
+    arrived_before = receiver.count(FIRE_PATH)
     far = timezone.now() + timedelta(hours=1)
     started = time.perf_counter()
     for lo in range(0, shape.timeouts, CHUNK):
@@ -421,6 +439,10 @@ def _order_timeouts(day: int, shape: Shape, progress: Progress, *, before: int) 
     # A fired job's gmt_modified is the moment its firing was recorded.
     settled = sorted(processed.values_list("gmt_modified", flat=True))
     done = settled[-1]
+    # Each one fired reached the receiver (more than once is allowed: at least once).
+    arrived = receiver.wait_logged(FIRE_PATH, arrived_before + fired) - arrived_before
+    if arrived < fired:
+        raise AssertionError(f"day {day}: {fired} timeouts fired, {arrived} reached the receiver")
     return {
         "timeout_create_per_s": round(shape.timeouts / create_s),
         "timeout_fire_per_s": round(fire / max((done - due).total_seconds(), 1e-3)),
@@ -433,6 +455,7 @@ def _order_timeouts(day: int, shape: Shape, progress: Progress, *, before: int) 
         "timeout_fire_autovacuum_beside": sorted(beside),
         "timeouts_cancelled": len(cancel),
         "timeouts_fired": fired,
+        "timeouts_arrived": arrived,
     }
 
 

@@ -177,7 +177,10 @@ def run(
             f"days, {DAYS.claims:,} claims, {DAYS.reminders:,} reminders and "
             f"{DAYS.timeouts:,} order timeouts a day"
         )
-        result["days"] = bench_days.run(DAYS, progress=progress, say=say)
+        if missing := bench_days.nginx_missing():
+            result["days"] = {"skipped": missing}
+        else:
+            result["days"] = bench_days.run(DAYS, progress=progress, say=say)
     if "day" in parts:
         say(
             f"day: a campaign day of {DAY.seconds / 60:g} minutes, every path alone first, a "

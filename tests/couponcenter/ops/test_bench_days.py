@@ -16,6 +16,8 @@ from datetime import timedelta
 import psutil
 import pytest
 from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection
 
 from couponcenter.core.retention import table_partitioned
@@ -24,9 +26,12 @@ from couponcenter.coupons.models import Coupon, UserCoupon
 from couponcenter.ops.bench import days
 from expiry.models import ExpirySettings, ExpiryTask
 from expiry.services import expiry_settings_get
+from reminders.bench.nginx import nginx_binary
 from reminders.models import Notification, TimeoutJob, TimeoutTopic
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+# The runs fire their timeouts at nginx (make bench and CI install it).
+needs_nginx = pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed")
 
 # Each day's end asks for autovacuum's round for a moment only (the query runs; the figures are
 # the benchmark's).
@@ -51,6 +56,7 @@ def _autovacuum_in_auto_conf() -> list[str]:
         return [setting for (setting,) in cursor.fetchall()]
 
 
+@needs_nginx
 @pytest.mark.django_db(transaction=True)
 def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
     monkeypatch, reminder_settings
@@ -71,6 +77,7 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
         assert day["expired"] == SHAPE.claims - used  # the night expired every unused claim
         assert day["inbox"] == SHAPE.reminders
         assert (day["timeouts_cancelled"], day["timeouts_fired"]) == (SHAPE.timeouts - fired, fired)
+        assert day["timeouts_arrived"] >= fired  # each in nginx's access log, at least once
         for rate in days.RATES:
             assert day[f"{rate}_per_s"] > 0
         assert set(day["tables"]) == {m._meta.db_table for m in days.TABLES}
@@ -130,6 +137,16 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_without_nginx_the_command_refuses_before_it_changes_anything(monkeypatch):
+    autovacuum_before = _autovacuum()
+    monkeypatch.setattr(days, "nginx_binary", lambda: None)
+    with pytest.raises(CommandError, match="apt-get install nginx-light"):
+        call_command("bench_days", "--days", "3", "--retention-days", "1")
+    assert _autovacuum() == autovacuum_before
+    assert not TimeoutTopic.objects.filter(name=days.TOPIC).exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_autovacuum_and_the_retention_settings_are_put_back_after_a_failure():
     autovacuum_before = _autovacuum()
     retention_before = expiry_settings_get(max_age_s=0).retention
@@ -152,6 +169,7 @@ def test_autovacuum_and_the_retention_settings_are_put_back_after_a_failure():
         ]
 
 
+@needs_nginx
 @pytest.mark.django_db(transaction=True)
 def test_sigterm_mid_run_puts_autovacuum_back_and_deletes_the_bench_rows(tmp_path):
     autovacuum_before = _autovacuum()
@@ -183,6 +201,7 @@ def test_sigterm_mid_run_puts_autovacuum_back_and_deletes_the_bench_rows(tmp_pat
     assert not TimeoutTopic.objects.filter(name=days.TOPIC).exists()
 
 
+@needs_nginx
 @pytest.mark.django_db(transaction=True)
 def test_a_run_killed_outright_still_has_autovacuum_put_back(tmp_path):
     """SIGKILL (an OOM kill, a timeout's kill) runs no ``finally``: ``ALTER SYSTEM`` would
@@ -205,7 +224,7 @@ def test_a_run_killed_outright_still_has_autovacuum_put_back(tmp_path):
                 time.sleep(0.05)  # polls the process table
             assert _autovacuum() == "on"
             children = psutil.Process(proc.pid).children(recursive=True)
-            # and its receiver, reminder worker and Celery worker
+            # and its nginx, reminder worker and Celery worker
             assert len(children) > len(sweepers)
         finally:
             proc.kill()

@@ -41,6 +41,8 @@ class Command(BaseCommand):
             autovacuum_wait_s=options["autovacuum_wait"],
         )
         _check(shape)
+        if missing := days.nginx_missing():
+            raise CommandError(missing)
         run_production_bench(
             self,
             name="bench_days",

@@ -1,5 +1,5 @@
-"""A fast webhook receiver for ``bench_fanout`` and ``bench_days``: nginx from Debian's packages answering 204 to
-every POST, started and stopped by the benchmark on a free loopback port.
+"""A fast webhook receiver for ``bench_fanout`` and ``bench_days``: nginx from Debian's packages
+answering 204 to every POST, started and stopped by the benchmark on a free loopback port.
 
 Everything it writes (its configuration, pid file, error and access logs, temporary files) lives
 in a temporary directory of its own, removed when it stops; no root path, no system service.

@@ -87,6 +87,34 @@ def test_the_lean_path_refuses_as_drf_does(lean_calls, make):
     assert answer(lean) == answer(drf)
 
 
+def test_a_refusal_answered_again_or_for_another_moment_is_still_drfs(lean_calls):
+    """Each distinct refusal body is rendered once: the second answer comes from the cache, and a
+    coupon opening at another moment gets its own body, not the first one's."""
+    service = client_with(api_user(perms=["couponcenter.act_for_any_user"])[1])
+    soon = timezone.now() + timedelta(hours=1)
+    first, other = (
+        CouponFactory(claim_opens_at=soon),
+        CouponFactory(claim_opens_at=soon + timedelta(seconds=1)),
+    )
+    answers = [post(service, user, first.pk, drf=False) for user in (1, 2)]
+    answers.append(post(service, 3, other.pk, drf=False))
+    drf = [post(service, 4, coupon.pk, drf=True) for coupon in (first, other)]
+    assert lean_calls == [True, True, True, False, False]
+    assert answer(answers[0]) == answer(answers[1]) == answer(drf[0])
+    assert answer(answers[2]) == answer(drf[1]) != answer(drf[0])
+    assert answers[2].json()["opens_at"] != answers[0].json()["opens_at"]
+
+
+def test_the_rendered_refusals_are_bounded_and_match_the_renderer(monkeypatch):
+    monkeypatch.setattr(claims_api, "_refusals_rendered", {})
+    bodies = [{"code": "not_open", "detail": f"at {n}", "opens_at": str(n)} for n in range(300)]
+    for body in bodies:
+        assert claims_api._refusal_rendered(body) == claims_api._json_renderer.render(body)
+    assert 0 < len(claims_api._refusals_rendered) <= claims_api._REFUSALS_RENDERED_MAX
+    unhashable = {"code": "refused", "detail": "x", "fields": ["a"]}
+    assert claims_api._refusal_rendered(unhashable) == claims_api._json_renderer.render(unhashable)
+
+
 def test_the_lean_path_answers_an_unknown_coupon_as_drf_does(lean_calls):
     service = client_with(api_user(perms=["couponcenter.act_for_any_user"])[1])
     lean, drf = post(service, 1, 999_999_999, drf=False), post(service, 1, 999_999_999, drf=True)

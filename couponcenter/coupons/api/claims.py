@@ -112,6 +112,27 @@ _request_log = logging.getLogger("django.request")
 _token_authentication = TokenAuthentication()
 
 
+# A rush answers the same few refusals (sold out; not open, until the same moment) to most of its
+# users, so each distinct body is rendered once; bounded, as the bodies of past moments pile up.
+_REFUSALS_RENDERED_MAX = 256
+_refusals_rendered: dict[tuple, bytes] = {}
+
+
+def _refusal_rendered(body: dict[str, Any]) -> bytes:
+    """``body`` as ``_json_renderer`` renders it, from the cache when it was rendered before."""
+    try:
+        key = tuple(body.items())
+        return _refusals_rendered[key]
+    except KeyError:
+        pass
+    except TypeError:  # a value that is no key (a list): rendered every time
+        return _json_renderer.render(body)
+    if len(_refusals_rendered) >= _REFUSALS_RENDERED_MAX:
+        _refusals_rendered.clear()
+    rendered = _refusals_rendered[key] = _json_renderer.render(body)
+    return rendered
+
+
 def _no_constants(name: str) -> None:
     raise ValueError(name)  # NaN / Infinity: DRF's strict JSON parser refuses them too
 
@@ -246,7 +267,10 @@ class UserCouponListApi(APIView):
                 try:
                     response = claim()
                 except BusinessError as refusal:  # the lean path's, re-raised above
-                    return self._lean_json(business_error_body(refusal), status.HTTP_409_CONFLICT)
+                    body = business_error_body(refusal)
+                    return self._lean_json(
+                        body, status.HTTP_409_CONFLICT, content=_refusal_rendered(body)
+                    )
             else:
                 response = idempotency.answer_once(
                     caller_id=caller_id, user_id=user_id, coupon_id=coupon_id, key=key, claim=claim
@@ -262,13 +286,21 @@ class UserCouponListApi(APIView):
         return self._lean_json(response.data, response.status_code, headers)
 
     def _lean_json(
-        self, data: Any, status_code: int, headers: list[tuple[str, str]] | tuple = ()
+        self,
+        data: Any,
+        status_code: int,
+        headers: list[tuple[str, str]] | tuple = (),
+        *,
+        content: bytes | None = None,
     ) -> HttpResponse:
         """An answer of the lean path as DRF would render it (JSON, the view's ``Allow`` and
         ``Vary`` headers), as a plain ``HttpResponse``: Django's handling of a template response
-        costs more than the render itself. ``headers``: the answer's own, set first."""
+        costs more than the render itself. ``headers``: the answer's own, set first; ``content``:
+        ``data`` rendered already."""
         rendered = HttpResponse(
-            _json_renderer.render(data), status=status_code, content_type=_json_renderer.media_type
+            _json_renderer.render(data) if content is None else content,
+            status=status_code,
+            content_type=_json_renderer.media_type,
         )
         rendered.data = data
         for key, value in headers:

@@ -104,12 +104,12 @@ def test_embedded_redis_saves_and_outlives_its_users_on_ctrl_c(tmp_path):
         out = first.ctrl_c()
         assert first.honcho.returncode == 130, out
         assert "stopped the embedded redis-server (its data is saved)" in out, out
-        # The user stopped (Redis still answered its last write) before the server did. (honcho
-        # reports a process stopped when its output ends, with the status of the `sh -c` it ran.)
-        user_stopped = re.search(r"user\.1 +\| stopped with Redis still up", out)
-        redis_stopped = re.search(r"redis\.1 +\| .*Saving the final RDB snapshot", out)
-        assert user_stopped and redis_stopped, out
-        assert user_stopped.start() < redis_stopped.start(), out
+        # The user stopped with Redis still answering its last write. That the write came before
+        # the server's final save is shown below, by the write found after the restart: the
+        # order of the two processes' lines here is honcho's, which reads each from a pipe of its
+        # own, not the order in which they were written.
+        assert re.search(r"user\.1 +\| stopped with Redis still up", out), out
+        assert re.search(r"redis\.1 +\| .*Saving the final RDB snapshot", out), out
         assert not socket_path.exists()
         assert (var / "redis.rdb").exists()
 

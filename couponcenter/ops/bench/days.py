@@ -381,12 +381,12 @@ def _reminder_burst(day: int, shape: Shape, progress: Progress) -> tuple[int, in
 # --- order timeouts ------------------------------------------------------------------------------
 
 
-def _topic(receiver: str) -> None:
+def _topic(url: str) -> None:
     TimeoutTopic.objects.filter(name=TOPIC).delete()
     timeout_topic_save(
         topic=TimeoutTopic(name=TOPIC),
         type="http",
-        target=f"{receiver}{FIRE_PATH}",
+        target=f"{url}{FIRE_PATH}",
         secret=secrets.token_urlsafe(32),
         allow_http=True,
         concurrency=16,

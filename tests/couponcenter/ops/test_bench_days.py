@@ -91,12 +91,21 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
         assert set(day["buffers"]) == set(day["tables"])
         assert day["buffers"][UserCoupon._meta.db_table]["hit"] > 0
         assert 0 <= day["autovacuum_wait_s"] <= SHAPE.autovacuum_wait_s + 2
-        # What the night met: the sweepers updated rows, so the server wrote WAL meanwhile, and
-        # their own reads of the user coupons are counted (they have exited).
-        night = day["night"]
-        assert night["wal_bytes"] > 0 and night["wal_fpi"] >= 0
-        assert night["buffers"][UserCoupon._meta.db_table]["hit"] > 0
-        assert all(isinstance(what, str) for what in night["autovacuum_beside"])
+        # The night in its rounds, each its own cohort of the claims: together every unused one,
+        # the day's rate their median. What each round met: the sweepers updated rows, so the
+        # server wrote WAL meanwhile, and their own reads of the user coupons are counted (they
+        # have exited).
+        rounds = day["night_rounds"]
+        cohorts = days.night_cohorts(SHAPE.claims)
+        assert [r["expired"] for r in rounds] == [
+            sum(1 for user in range(lo, hi + 1) if user % days.USED_EVERY) for lo, hi in cohorts
+        ]
+        assert day["expiry_sweep_per_s"] == sorted(r["per_s"] for r in rounds)[1]
+        for night in rounds:
+            assert night["per_s"] > 0
+            assert night["wal_bytes"] > 0 and night["wal_fpi"] >= 0
+            assert night["buffers"][UserCoupon._meta.db_table]["hit"] > 0
+            assert all(isinstance(what, str) for what in night["autovacuum_beside"])
         # Where the firing's seconds went: settled in order, the last one setting the rate.
         first, half, last = day["timeout_fire_settled_s"]
         assert 0 <= first <= half <= last
@@ -121,7 +130,10 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
     assert any("last day / first day" in line and "target >= 0.9" in line for line in lines)
     assert any(line.startswith("total size: last day / day 2") for line in lines)
     assert any("| buffer hits | MiB read |" in line for line in lines)
-    assert any(line.startswith("| day | sweep /s | WAL MiB |") for line in lines)
+    assert any(line.startswith("| day | round | sweep /s | expired | WAL MiB |") for line in lines)
+    assert (
+        sum(line.startswith("| 3 | ") for line in lines) == 2 + days.NIGHT_ROUNDS
+    )  # a line a round
     assert any(line.startswith("| day | fire /s | first s | half s | last s |") for line in lines)
 
     # It said so, and put autovacuum, the live settings and the database back.
@@ -246,6 +258,16 @@ def _sweepers(pid: int) -> list[psutil.Process]:
             if "spawn_main" in " ".join(child.cmdline()):
                 sweepers.append(child)
     return sweepers
+
+
+@pytest.mark.parametrize("claims", [10, 11, 200, 300_000, 300_001])
+def test_the_night_cohorts_cover_every_claimer_once_in_even_contiguous_ranges(claims):
+    cohorts = days.night_cohorts(claims)
+
+    assert len(cohorts) == days.NIGHT_ROUNDS
+    assert [user for lo, hi in cohorts for user in range(lo, hi + 1)] == list(range(1, claims + 1))
+    sizes = [hi - lo + 1 for lo, hi in cohorts]
+    assert max(sizes) - min(sizes) <= 1
 
 
 def test_the_fitted_line_reads_a_trend_through_the_noise_of_single_days():

@@ -20,7 +20,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--retention-days", type=int, default=4, help="every live retention, for the run"
         )
-        parser.add_argument("--claims", type=int, default=100_000, help="claims a day")
+        parser.add_argument(
+            "--claims",
+            type=int,
+            default=300_000,
+            help=f"claims a day (the night sweeps them in {days.NIGHT_ROUNDS} rounds)",
+        )
         parser.add_argument("--reminders", type=int, default=100_000, help="the day's burst")
         parser.add_argument("--timeouts", type=int, default=25_000, help="order timeouts a day")
         parser.add_argument(

@@ -280,6 +280,9 @@ def expiry_sweep_due(
     lane = sql.lane_take()
     descending = lane == 1
     try:
+        # The planner's statistics of the pending tasks: looked at before the first batch, and
+        # once more after the first full one unless analyzed already (sql.statistics_catch_up).
+        settled = sql.statistics_catch_up(seen=0, batch_size=batch_size)
         while not should_stop():
             result = expiry_sweep_batch(
                 now=now or timezone.now(),
@@ -289,6 +292,9 @@ def expiry_sweep_due(
                 descending=descending,
             )
             after = result.last or after
+            if not settled and result.seen >= batch_size:
+                settled = True
+                sql.statistics_catch_up(seen=result.seen, batch_size=batch_size)
             totals.add(result)
             if keep_results:
                 totals.results.append(result)

@@ -25,6 +25,7 @@ from couponcenter.core.db import prepared
 from couponcenter.coupons.models import UserCoupon
 
 from .models import ExpiryTask
+from .partitioning import PENDING_LEAF, partitioned_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,9 @@ logger = logging.getLogger(__name__)
 # lanes of their passes (``lane_take``).
 BATCH_LOCK_CLASS = 0x5E1A
 LANE_LOCK_CLASS = 0x5E1B
+# How long a pass waits for the lock of the ANALYZE that brings its plans up to date
+# (``statistics_catch_up``) before it sweeps on without it.
+ANALYZE_LOCK_WAIT_MS = 5000
 
 
 class BatchRow(NamedTuple):
@@ -260,6 +264,56 @@ def batch_run(
             if again:
                 raise
     raise AssertionError("unreachable")
+
+
+def statistics_catch_up(*, seen: int, batch_size: int) -> bool:
+    """ANALYZE the pending tasks when the planner's belief of how many there are is far behind;
+    True when it did. A pass calls it before its first batch, and once more after its first full
+    batch until it has analyzed (``services.expiry_sweep_due``).
+
+    The batch statements' plans hang on that belief. A night empties the pending tasks and
+    autovacuum then records them as empty; the next night's tasks can arrive and fall due before
+    it looks again, while the table's pages and its due index still hold the dead versions of the
+    tasks that moved out. Planned on that "empty" table, a batch read its tasks with a scan of the
+    whole due index and a sort, and marked them processed with another such scan instead of by
+    TID: every batch read every entry, dead ones too, and a round of 90,000 coupons took minutes
+    instead of a second (BENCHMARKS.md, session 29). The ANALYZE invalidates those plans in every
+    session, so each sweeper plans its next batch on what is there.
+
+    Far behind: fewer than the ``seen`` due tasks a batch just read (the catalog's ``reltuples``
+    against what the pass saw itself: no lag), or, before any batch, fewer than half the live
+    tasks the statistics collector counts when those are at least a batch (a second or so behind
+    a load, hence the second look). Its lock is waited for at most ``ANALYZE_LOCK_WAIT_MS``
+    (autovacuum working on the table holds it and is cancelled for a waiter after
+    ``deadlock_timeout``); a pass that cannot have it sweeps on with the plans it has."""
+    if connection.vendor != "postgresql":
+        return False
+    table = PENDING_LEAF if partitioned_tasks() else ExpiryTask._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """SELECT c.reltuples, coalesce(s.n_live_tup, 0)
+               FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+               WHERE c.oid = %s::regclass""",
+            [table],
+        )
+        believed, live = cursor.fetchone()
+    if believed >= seen and (live < batch_size or 2 * believed >= live):
+        return False
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL lock_timeout = '{ANALYZE_LOCK_WAIT_MS}ms'")
+            cursor.execute(f"ANALYZE {connection.ops.quote_name(table)}")
+    except DbError as exc:
+        logger.warning("expiry: could not ANALYZE %s (%s); sweeping on", table, exc)
+        return False
+    logger.info(
+        "expiry: %s analyzed (the planner believed %d rows; %d live, a batch read %d)",
+        table,
+        max(believed, 0),
+        live,
+        seen,
+    )
+    return True
 
 
 def lane_take() -> int | None:

@@ -12,8 +12,8 @@ from django.db import IntegrityError, connection, transaction
 from couponcenter.core.db.partitions import partitions_ensure, partitions_list
 from expiry import partitioning, services, sql
 from expiry.models import ExpiryTask
-from tests.support.factories import ExpiryTaskFactory, UserCouponFactory
-from tests.support.plans import relations
+from tests.support.factories import CouponFactory, ExpiryTaskFactory, UserCouponFactory
+from tests.support.plans import relations, scans
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -104,9 +104,10 @@ def test_the_due_claim_reads_only_the_pending_leaf(careful, descending):
     assert read - {"expiry_expirytask"} == tables, read
 
 
-def test_the_prepared_due_claim_on_its_generic_plan_reads_only_the_pending_leaf():
-    statement = sql.FAST[False]
-    params = batch_params(JAN1, False)
+def generic_plan(descending: bool = False, now: datetime = JAN1):
+    """The fast batch statement's generic plan, as a sweeper's session would make it now."""
+    statement = sql.FAST[descending]
+    params = batch_params(now, descending)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         cursor.execute(statement._prepare.replace(statement.key, "cc_test_due", 1))
@@ -116,12 +117,88 @@ def test_the_prepared_due_claim_on_its_generic_plan_reads_only_the_pending_leaf(
                 f"EXPLAIN (FORMAT JSON) EXECUTE cc_test_due({arguments})",
                 [params[name] for name, _ in statement.params],
             )
-            plan = cursor.fetchone()[0]
+            return cursor.fetchone()[0]
         finally:
             cursor.execute("DEALLOCATE cc_test_due")
 
+
+def test_the_prepared_due_claim_on_its_generic_plan_reads_only_the_pending_leaf():
+    plan = generic_plan()
+
     tables = {"expiry_expirytask_pending", "couponcenter_usercoupon"}
     assert relations(plan) - {"expiry_expirytask"} == tables, relations(plan)
+
+
+NIGHT = 20_000
+
+
+def load_night(*, expires_at: datetime) -> None:
+    """A night's tasks loaded in bulk, as a rush of claims makes them."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """WITH uc AS (
+                   INSERT INTO couponcenter_usercoupon
+                       (coupon_id, user_id, seq, status, claimed_at, expires_at)
+                   SELECT %(coupon)s, g, 1, 'unused', %(claimed)s, %(due)s
+                   FROM generate_series(1, %(n)s) g
+                   RETURNING id
+               )
+               INSERT INTO expiry_expirytask (user_coupon_id, expire_at, status, created_at,
+                                              updated_at)
+               SELECT id, %(due)s, 'pending', %(claimed)s, %(claimed)s FROM uc""",
+            {
+                "coupon": CouponFactory(total_stock=NIGHT).pk,
+                "claimed": expires_at - timedelta(days=1),
+                "due": expires_at,
+                "n": NIGHT,
+            },
+        )
+
+
+def a_night_on_a_leaf_recorded_as_empty(*, expires_at: datetime) -> None:
+    """The night before swept (its tasks moved out of the pending leaf, their dead versions
+    left in its pages and its due index), the leaf then analyzed while empty, as autovacuum
+    records it after a night, and the next night loaded before anything looks again."""
+    load_night(expires_at=expires_at - timedelta(days=1))
+    services.expiry_sweep_due(now=expires_at - timedelta(days=1), batch_size=2_000)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {partitioning.PENDING_LEAF}")
+    load_night(expires_at=expires_at)
+
+
+def leaf_scans(plan) -> set[str]:
+    return {node for node, table in scans(plan) if table == partitioning.PENDING_LEAF}
+
+
+def test_a_leaf_recorded_as_empty_is_analyzed_so_batches_walk_the_index_and_update_by_tid():
+    partitions_ensure(partitioning.PROCESSED, now=JAN1 - timedelta(days=1))
+    a_night_on_a_leaf_recorded_as_empty(expires_at=JAN1)
+    stale = leaf_scans(generic_plan(now=JAN1 + timedelta(hours=1)))
+    # The defect's plan: the whole leaf (or its whole due index) read for the batch, and again
+    # for its update, rather than the due index walked in order and the tasks taken by TID.
+    assert "Tid Scan" not in stale, stale
+
+    assert sql.statistics_catch_up(seen=2_000, batch_size=2_000) is True
+
+    fresh = leaf_scans(generic_plan(now=JAN1 + timedelta(hours=1)))
+    assert "Tid Scan" in fresh and fresh <= {"Index Scan", "Index Only Scan", "Tid Scan"}, fresh
+    assert sql.statistics_catch_up(seen=2_000, batch_size=2_000) is False  # once is enough
+
+
+def test_a_pass_over_a_leaf_recorded_as_empty_brings_its_statistics_up_to_date():
+    partitions_ensure(partitioning.PROCESSED, now=JAN1 - timedelta(days=1))
+    a_night_on_a_leaf_recorded_as_empty(expires_at=JAN1)
+
+    totals = services.expiry_sweep_due(now=JAN1 + timedelta(hours=1), batch_size=2_000)
+
+    assert totals.expired == NIGHT
+    assert not ExpiryTask.objects.filter(status=ExpiryTask.Status.PENDING).exists()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [partitioning.PENDING_LEAF]
+        )
+        # Analyzed after the pass's first batch: the rest of the night was still there.
+        assert cursor.fetchone()[0] >= NIGHT - 2_000 * 2  # give or take ANALYZE's sample
 
 
 def test_a_redeem_touches_only_the_pending_leaf():

@@ -685,31 +685,48 @@ def autovacuum_label(query: str) -> str:
 def autovacuum_round(wait_s: float) -> float:
     """Wait, at most ``wait_s``, until autovacuum has vacuumed every table the day wrote (each
     partition of a partitioned one) whose dead tuples are past its threshold
-    (``autovacuum_vacuum_threshold`` + ``autovacuum_vacuum_scale_factor`` x its rows): the tables
-    it would vacuum on its next round. The seconds waited.
+    (``autovacuum_vacuum_threshold`` + ``autovacuum_vacuum_scale_factor`` x its rows, the table's
+    own settings where it has them: ``vacuum_thresholds``): the tables it would vacuum on its next
+    round. The seconds waited.
 
     A day of production lasts 1,440 of autovacuum's rounds (its one-minute naptime); a compressed
     day lasts seconds and would count a whole day's dead tuples before autovacuum had looked once.
     So each day ends with one round, and the dead tuples are counted before it (the day's churn)
     and after it (what vacuum leaves: the target's figure)."""
     started = time.monotonic()
-    tables = [model._meta.db_table for model in TABLES]
     while time.monotonic() - started < wait_s:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                """SELECT count(*) FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
-                   WHERE s.relid IN (SELECT relid FROM unnest(%s::text[]) t(name),
-                                     LATERAL pg_partition_tree(t.name::regclass))
-                     AND c.relkind = 'r'
-                     AND s.n_dead_tup > current_setting('autovacuum_vacuum_threshold')::float
-                         + current_setting('autovacuum_vacuum_scale_factor')::float
-                           * greatest(c.reltuples, 0)""",
-                [tables],
-            )
-            if not cursor.fetchone()[0]:
-                break
+        if not any(dead > threshold for dead, threshold in vacuum_thresholds().values()):
+            break
         time.sleep(1)  # autovacuum's rounds come a minute apart: a second's poll is plenty
     return round(time.monotonic() - started, 1)
+
+
+def _option(name: str) -> str:
+    """A table's own autovacuum setting where it has one (``ALTER TABLE ... SET``), else the
+    server's."""
+    return (
+        f"coalesce((SELECT option_value::float FROM pg_options_to_table(c.reloptions) "
+        f"WHERE option_name = '{name}'), current_setting('{name}')::float)"
+    )
+
+
+def vacuum_thresholds() -> dict[str, tuple[int, float]]:
+    """Each table the day writes (each partition of a partitioned one, and a table that is not
+    partitioned itself: ``pg_partition_tree`` has no rows for one): its dead tuples and the count
+    past which autovacuum vacuums it, by its own settings where it has them."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT c.relname, s.n_dead_tup,
+                       {_option("autovacuum_vacuum_threshold")}
+                       + {_option("autovacuum_vacuum_scale_factor")} * greatest(c.reltuples, 0)
+                FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+                WHERE s.relid IN (SELECT coalesce(p.relid, t.name::regclass)
+                                  FROM unnest(%s::text[]) t(name)
+                                  LEFT JOIN LATERAL pg_partition_tree(t.name::regclass) p ON true)
+                  AND c.relkind = 'r'""",
+            [[model._meta.db_table for model in TABLES]],
+        )
+        return {name: (dead, threshold) for name, dead, threshold in cursor.fetchall()}
 
 
 def _total_bytes(day: dict[str, Any]) -> int:

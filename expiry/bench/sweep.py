@@ -184,7 +184,8 @@ def _bench_coupon(count: int) -> Coupon:
     )
 
 
-# Claimed coupons and their pending expiry tasks, in one statement (also bench_day's load).
+# Claimed coupons and their pending expiry tasks, in one statement (also bench_day's and
+# bench_days's loads).
 CLAIMS_LOAD_SQL = """
 WITH uc AS (
     INSERT INTO couponcenter_usercoupon

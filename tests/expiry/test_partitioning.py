@@ -11,6 +11,7 @@ from django.db import IntegrityError, connection, transaction
 
 from couponcenter.core.db.partitions import partitions_ensure, partitions_list
 from expiry import partitioning, services, sql
+from expiry.bench.sweep import CLAIMS_LOAD_SQL
 from expiry.models import ExpiryTask
 from tests.support.factories import CouponFactory, ExpiryTaskFactory, UserCouponFactory
 from tests.support.plans import relations, scans
@@ -136,21 +137,13 @@ def load_night(*, expires_at: datetime) -> None:
     """A night's tasks loaded in bulk, as a rush of claims makes them."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """WITH uc AS (
-                   INSERT INTO couponcenter_usercoupon
-                       (coupon_id, user_id, seq, status, claimed_at, expires_at)
-                   SELECT %(coupon)s, g, 1, 'unused', %(claimed)s, %(due)s
-                   FROM generate_series(1, %(n)s) g
-                   RETURNING id
-               )
-               INSERT INTO expiry_expirytask (user_coupon_id, expire_at, status, created_at,
-                                              updated_at)
-               SELECT id, %(due)s, 'pending', %(claimed)s, %(claimed)s FROM uc""",
+            CLAIMS_LOAD_SQL,
             {
                 "coupon": CouponFactory(total_stock=NIGHT).pk,
                 "claimed": expires_at - timedelta(days=1),
                 "due": expires_at,
-                "n": NIGHT,
+                "lo": 1,
+                "hi": NIGHT,
             },
         )
 

@@ -67,6 +67,7 @@ from couponcenter.ops.bench.namespace import bench_namespace
 from couponcenter.ops.bench.report import DAYS_RATE_KEEPS as RATE_KEEPS
 from couponcenter.ops.bench.report import DAYS_SIZE_GROWS as SIZE_GROWS
 from expiry import services as expiry_services
+from expiry.bench.sweep import CLAIMS_LOAD_SQL
 from expiry.models import ExpirySettings, ExpiryTask
 from expiry.retention import expiry_retention
 from reminders.bench.end_to_end import prestage_window
@@ -248,17 +249,6 @@ def _day(day: int, shape: Shape, progress: Progress, receiver: Nginx) -> dict[st
 
 # --- claims and the night ------------------------------------------------------------------------
 
-_CLAIMS_SQL = """
-WITH uc AS (
-    INSERT INTO couponcenter_usercoupon
-        (coupon_id, user_id, seq, status, claimed_at, expires_at)
-    SELECT %(coupon)s, g, 1, 'unused', %(claimed)s, %(due)s FROM generate_series(%(lo)s, %(hi)s) g
-    RETURNING id, user_id
-)
-INSERT INTO expiry_expirytask (user_coupon_id, expire_at, status, created_at, updated_at)
-SELECT id, %(due)s, 'pending', %(claimed)s, %(claimed)s FROM uc
-"""
-
 
 def night_cohorts(claims: int) -> list[tuple[int, int]]:
     """The day's claimers (user ids ``1..claims``) as ``NIGHT_ROUNDS`` ranges ``(lo, hi)``,
@@ -291,7 +281,7 @@ def _claims(day: int, shape: Shape, progress: Progress) -> tuple[Coupon, list[_R
             hi = min(lo + CHUNK - 1, last)
             params = {"coupon": coupon.pk, "claimed": now - timedelta(hours=1), "due": due}
             with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(_CLAIMS_SQL, {**params, "lo": lo, "hi": hi})
+                cursor.execute(CLAIMS_LOAD_SQL, {**params, "lo": lo, "hi": hi})
             progress(f"day {day}: claims", hi, shape.claims)
     Coupon.objects.filter(pk=coupon.pk).update(claimed_count=shape.claims)
     with connection.cursor() as cursor:

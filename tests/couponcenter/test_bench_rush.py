@@ -18,6 +18,8 @@ import pytest
 from django.conf import settings as django_settings
 from django.core.management import call_command
 
+from couponcenter.coupons import gate
+from couponcenter.coupons.bench import rush
 from couponcenter.coupons.bench.http import database_url
 from couponcenter.coupons.models import Coupon, UserCoupon
 from couponcenter.ops.bench import report
@@ -90,3 +92,17 @@ def test_sigterm_mid_rush_stops_gunicorn_and_wrk_and_deletes_the_coupon(tmp_path
     assert not alive, [child.cmdline() for child in alive]
     assert proc.returncode != 0
     assert not Coupon.objects.filter(name__startswith="bench-rush").exists(), err.read_text()
+
+
+def test_a_signal_inside_the_coupons_commit_hooks_still_deletes_it(monkeypatch):
+    """The coupon's row commits before its on-commit hooks (the gate's build) run: a SIGTERM
+    that lands inside them (seen once in CI) must not leave the committed coupon behind."""
+
+    def interrupted(coupon_id):
+        raise KeyboardInterrupt  # what the command's SIGTERM handler raises
+
+    monkeypatch.setattr(gate, "gate_build", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rush._rush(None, token="", stock=10, users=10, connections=1, max_seconds=1,
+                   progress=lambda *args: None)  # fmt: skip
+    assert not Coupon.objects.filter(name__startswith="bench-rush").exists()

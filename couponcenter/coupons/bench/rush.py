@@ -22,6 +22,7 @@ users, when fewer), and no user may hold more than the limit.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ from couponcenter.coupons.bench.http import (
     server_env,
 )
 from couponcenter.coupons.bench.progress import Progress
+from couponcenter.coupons.models import Coupon
 
 LEAD_S = 1.0  # the users start tapping this long before the coupon opens
 # Load before anything is measured: a fresh gunicorn's first 5 s of healthz stalled (p99 over
@@ -289,14 +291,18 @@ def _rush(
     which wrk's script reads too."""
     wall, mono = time.time(), time.monotonic()
     opens_mono = mono + PREPARE_S + LEAD_S
-    coupon = services.coupon_create(
-        name=f"bench-rush {timezone.now():%H:%M:%S} stock {stock}",
-        claim_opens_at=datetime.fromtimestamp(wall + PREPARE_S + LEAD_S, UTC),
-        total_stock=stock,
-        per_user_limit=PER_USER_LIMIT,
-        valid_for=timedelta(days=1),
-    )
-    try:  # from the coupon's creation on: Ctrl-C or SIGTERM anywhere after it deletes it
+    name = f"bench-rush {timezone.now():%H:%M:%S} stock {stock} pid {os.getpid()}"
+    try:  # Ctrl-C or SIGTERM anywhere from here deletes the run's coupon
+        # The row commits before coupon_create's on-commit hooks (the gate's build) return: a
+        # signal inside them leaves it in the table with nothing bound to it, so the cleanup
+        # finds it by its name, which holds this process's id.
+        coupon = services.coupon_create(
+            name=name,
+            claim_opens_at=datetime.fromtimestamp(wall + PREPARE_S + LEAD_S, UTC),
+            total_stock=stock,
+            per_user_limit=PER_USER_LIMIT,
+            valid_for=timedelta(days=1),
+        )
         connection.close()  # gunicorn's workers need the connection slots more than we do
         time.sleep(max(0.0, opens_mono - LEAD_S - time.monotonic()))
         answered: dict[str, int] = {}
@@ -333,7 +339,8 @@ def _rush(
             done_us=[t * 1e6 for t in done_at],
         )
     finally:
-        delete_bench_coupon(coupon.pk)
+        for coupon_id in Coupon.objects.filter(name=name).values_list("pk", flat=True):
+            delete_bench_coupon(coupon_id)
     return summary
 
 

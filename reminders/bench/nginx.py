@@ -1,5 +1,6 @@
-"""A fast webhook receiver for ``bench_fanout`` and ``bench_days``: nginx from Debian's packages
-answering 204 to every POST, started and stopped by the benchmark on a free loopback port.
+"""A fast webhook receiver for ``bench_fanout``, ``bench_days`` and ``bench_day``: nginx from
+Debian's packages answering 204 to every POST, started and stopped by the benchmark on a free
+loopback port.
 
 Everything it writes (its configuration, pid file, error and access logs, temporary files) lives
 in a temporary directory of its own, removed when it stops; no root path, no system service.
@@ -17,9 +18,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from couponcenter.core.process import die_with_parent
@@ -80,6 +82,10 @@ class Nginx:
     url: str
     directory: Path
     process: subprocess.Popen
+    # What ``count`` has read of the log: a benchmark polls it many times a second while the
+    # log grows to hundreds of thousands of lines, so each poll reads only the new lines.
+    _read_to: int = field(default=0, init=False, repr=False)
+    _counts: Counter[str] = field(default_factory=Counter, init=False, repr=False)
 
     @property
     def access_log(self) -> Path:
@@ -87,9 +93,16 @@ class Nginx:
 
     def count(self, path: str) -> int:
         """Requests logged for ``path`` so far (the log is written every ``LOG_FLUSH_S``)."""
-        needle = f"\t{path}\t".encode()
         with open(self.access_log, "rb") as log:
-            return sum(1 for line in log if needle in line)
+            log.seek(self._read_to)
+            new = log.read()
+        whole = new[: new.rfind(b"\n") + 1]  # a line still being written is read next time
+        self._read_to += len(whole)
+        for line in whole.splitlines():
+            fields = line.split(b"\t", 2)
+            if len(fields) > 2:
+                self._counts[fields[1].decode(errors="replace")] += 1
+        return self._counts[path]
 
     def wait_logged(self, path: str, count: int) -> int:
         """Until ``count`` requests to ``path`` are in the log (it is written in buffers), or a
@@ -110,6 +123,13 @@ class Nginx:
                     at, uri, status, *headers = fields
                     found.append(Arrival(float(at), uri, int(status), *headers))
         return found
+
+
+def nginx_missing(bench: str) -> str | None:
+    """What to install when nginx, the receiver ``bench`` fires its timeouts at, is not there."""
+    if nginx_binary() is None:
+        return f"{bench} fires its timeouts at nginx: apt-get install nginx-light (make bench does)"
+    return None
 
 
 def nginx_binary() -> str | None:

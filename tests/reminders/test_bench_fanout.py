@@ -11,12 +11,13 @@ import uuid
 from io import StringIO
 
 import pytest
+import requests
 from django.core.management import call_command
 
 from couponcenter.core.redis import get_redis
 from couponcenter.core.webhooks import SECRET_PREFIX, signature
 from reminders.bench import fanout
-from reminders.bench.nginx import nginx_receiver
+from reminders.bench.nginx import Nginx, nginx_receiver
 from reminders.bench.peers import BULLMQ_VERSION, npm_package
 from reminders.handlers.timeout_jobs import job_payload
 from reminders.models import TimeoutJob, TimeoutTopic
@@ -100,3 +101,31 @@ def test_the_bullmq_worker_posts_every_webhook_once_signed():
     )
     assert all(a.webhook_signature.startswith("v1,") and a.status == 204 for a in arrivals)
     assert result["bullmq_cpu_s_per_1k"] > 0
+
+
+def test_the_access_log_is_counted_as_it_grows_and_a_half_written_line_waits(tmp_path):
+    """``Nginx.count`` reads only what is new on each call; a line nginx is still writing is
+    counted once it is whole, not lost and not counted twice. The log is a real file here,
+    written as nginx writes it (whole lines appended), with its last line cut in two."""
+    log = tmp_path / "access.log"
+    log.write_bytes(b"1.000\t/a\t204\ta:1\t1\tv1,x\n1.001\t/b\t204\tb:1\t1\tv1,x\n")
+    receiver = Nginx(url="http://127.0.0.1:1", directory=tmp_path, process=None)
+    assert (receiver.count("/a"), receiver.count("/b")) == (1, 1)
+    with log.open("ab") as out:
+        out.write(b"1.002\t/a\t204\ta:2\t1\tv1,x\n1.003\t/a\t2")
+    assert receiver.count("/a") == 2
+    with log.open("ab") as out:
+        out.write(b"04\ta:3\t1\tv1,x\n")
+    assert receiver.count("/a") == 3 and receiver.count("/b") == 1
+    assert [a.webhook_id for a in receiver.arrivals("/a")] == ["a:1", "a:2", "a:3"]
+
+
+def test_nginx_logs_each_request_and_count_follows_it():
+    with nginx_receiver() as nginx, requests.Session() as session:
+        assert nginx.count("/a") == 0
+        for path in ("/a", "/a", "/b"):
+            assert session.post(nginx.url + path, data=b"{}", timeout=10).status_code == 204
+        assert nginx.wait_logged("/a", 2) == 2
+        assert nginx.count("/b") == 1
+        session.post(nginx.url + "/a", data=b"{}", timeout=10)
+        assert nginx.wait_logged("/a", 3) == 3

@@ -56,7 +56,7 @@ from couponcenter.ops.bench.namespace import bench_namespace
 from expiry.bench.sweep import CLAIMS_LOAD_SQL
 from expiry.models import ExpiryTask
 from reminders.bench.end_to_end import _inbox_lateness_ms
-from reminders.bench.processes import receiver_process
+from reminders.bench.nginx import Nginx, nginx_receiver
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
@@ -147,14 +147,16 @@ def run(
         fleet = Fleet(prefix, delivery_queue, str(settings.VAR_DIR), env_extra=env or {})
         try:
             queue.record_layout(REMINDER_TOPIC, reminder_settings_get().slots)
-            with receiver_process() as receiver:
+            with nginx_receiver() as receiver:
                 account, token = accounts.account_ensure(
                     username=ACCOUNT, permissions=("act_for_any_user", "manage_timeouts")
                 )
                 for phase in ("alone", "together"):
                     for kind in ("steady", "burst"):
                         _topic(
-                            f"{TOPIC_PREFIX}{kind}-{phase}", f"{receiver}/{kind}-{phase}", account
+                            f"{TOPIC_PREFIX}{kind}-{phase}",
+                            f"{receiver.url}/{kind}-{phase}",
+                            account,
                         )
                 say(
                     "starting the production processes"
@@ -183,7 +185,7 @@ class Day:
         script: Script,
         fleet: Fleet,
         token: str,
-        receiver: str,
+        receiver: Nginx,
         progress: Progress,
         say: Say,
     ) -> None:
@@ -426,9 +428,9 @@ class Day:
 
     def _timeout_burst_wait(self, topic: str, made: int, due: float, phase: str) -> dict[str, Any]:
         path = f"/burst-{phase}"
-        _wait(f"{phase}: timeout burst fired", lambda: _arrived(self.receiver, path), made,
+        _wait(f"{phase}: timeout burst fired", lambda: self.receiver.count(path), made,
               self.progress)  # fmt: skip
-        return lateness_summary(_receiver_lateness(self.receiver, path), prefix="lateness")
+        return lateness_summary(_firing_lateness(self.receiver, path), prefix="lateness")
 
     def _load_expiry(self, *, lead_s: float | None) -> Coupon:
         """``expiry`` claimed coupons, each with its task; with ``lead_s`` due that long after
@@ -492,7 +494,7 @@ class Day:
             paths.setdefault("timeouts", {})[phase] = {
                 "burst": ev.get("timeout_burst"),
                 "steady": lateness_summary(
-                    _receiver_lateness(self.receiver, f"/steady-{phase}"), prefix="lateness"
+                    _firing_lateness(self.receiver, f"/steady-{phase}"), prefix="lateness"
                 ),
             }
             paths.setdefault("api_reads", {})[phase] = self._latency("api_reads", phase)
@@ -548,7 +550,9 @@ class Day:
             jobs = TimeoutJob.objects.filter(topic=topic.name)
             made = jobs.count()
             processed = jobs.filter(status=TimeoutJob.Status.PROCESSED).count()
-            arrived = _arrived(self.receiver, "/" + topic.name.removeprefix(TOPIC_PREFIX))
+            # The log is written in buffers: wait for the last one before counting.
+            path = "/" + topic.name.removeprefix(TOPIC_PREFIX)
+            arrived = self.receiver.wait_logged(path, made)
             lost += made - min(processed, arrived)
             dup += max(0, arrived - made)
         out["timeouts"] = {"lost": lost, "duplicated": dup}
@@ -770,16 +774,21 @@ def _topic(name: str, url: str, owner) -> None:
     )
 
 
-def _arrived(receiver: str, path: str) -> int:
-    from reminders.bench.timeouts import _stats
-
-    return _stats(receiver).get(path, {}).get("count", 0)
-
-
-def _receiver_lateness(receiver: str, path: str) -> list[float]:
-    from reminders.bench.timeouts import _stats
-
-    return _stats(receiver, path).get("lateness_ms", [])
+def _firing_lateness(receiver: Nginx, path: str) -> list[float]:
+    """Each job's first arrival at the receiver after its due time, in ms. The access log names
+    the job (its ``webhook-id`` is ``<topic>:<job id>``); its due time is its row's."""
+    first: dict[int, float] = {}
+    for arrival in receiver.arrivals(path):
+        job_id = int(arrival.webhook_id.rpartition(":")[2])
+        first.setdefault(job_id, arrival.at)
+    ids = list(first)
+    lateness = []
+    for lo in range(0, len(ids), CHUNK):
+        due = TimeoutJob.objects.filter(pk__in=ids[lo : lo + CHUNK]).values_list(
+            "pk", "action_time"
+        )
+        lateness += [(first[pk] - action_time.timestamp()) * 1000 for pk, action_time in due]
+    return lateness
 
 
 def _tick(what: str, seconds: float, progress: Progress) -> None:

@@ -7,7 +7,8 @@ stop. Every answer's latency is kept (``Samples``) under the path and the phase 
 - ``reminders``: subscriptions made a little ahead of their due time, ``rate`` falling due per
   second (scheduled as the service schedules them); their lateness is read from the inbox later;
 - ``timeouts``: order timeouts created in bulk every ``TICK_S``, each due ``TIMEOUT_LEAD_S`` after,
-  fired at the local receiver (their lateness is the receiver's).
+  fired at the run's nginx (``day``: their lateness is each job's first arrival in its access
+  log less the job's due time).
 
 A request that finds its pod gone (the rolling deploy) is sent again to a pod that answers, as a
 client behind a balancer would; its latency includes the retry. An answer the path does not

@@ -71,7 +71,7 @@ from expiry.bench.sweep import CLAIMS_LOAD_SQL
 from expiry.models import ExpirySettings, ExpiryTask
 from expiry.retention import expiry_retention
 from reminders.bench.end_to_end import prestage_window
-from reminders.bench.nginx import Nginx, NginxMissing, nginx_binary, nginx_receiver
+from reminders.bench.nginx import Nginx, NginxMissing, nginx_missing, nginx_receiver
 from reminders.bench.processes import bench_processes
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
@@ -102,6 +102,11 @@ USED_EVERY = 10  # one claim in ten is used during the day; the night expires th
 CANCEL_OF_FIVE = 4  # four timeout jobs in five are cancelled, the fifth fires
 FIRE_PATH = "/days"  # where the timeouts fire, on the run's nginx
 CHUNK = 10_000
+# The order timeouts are created, and their firing measured, in this many rounds, and each rate is
+# the rounds' median: the day's 25,000 are created in about a second and its 5,000 fire in about
+# five, and a one-second window on two shared cores swung by a third from one day to the next on
+# the same code (docs/performance.md, "Why the night is swept in rounds").
+TIMEOUT_ROUNDS = 3
 # The night is swept in this many rounds, one between each of the day's other phases, and its rate
 # is their median. A sweep of a day's claims lasts under a second here, and the same sweep of the
 # same rows ran up to a quarter slower from one minute to the next (its CPU time too: the
@@ -146,15 +151,6 @@ DEAD_SHARE = 0.10
 AUTOVACUUM_WAIT_S = 150.0
 
 
-def nginx_missing() -> str | None:
-    """What to install when nginx, the receiver the timeouts fire at, is not there."""
-    if nginx_binary() is None:
-        return (
-            "bench_days fires its timeouts at nginx: apt-get install nginx-light (make bench does)"
-        )
-    return None
-
-
 def day_retention(now: datetime) -> dict[str, int]:
     """The apps' retention passes (and, where the tables are partitioned, their partition upkeep),
     one each, as of ``now``: what the sweeper and the reminder worker run on their own schedule,
@@ -190,7 +186,7 @@ def run(
     """The whole calendar; the result (per day, the ratios and the targets)."""
     if connection.vendor != "postgresql":
         raise RuntimeError("bench_days needs PostgreSQL (autovacuum, table sizes, dead tuples)")
-    if missing := nginx_missing():  # before anything is changed
+    if missing := nginx_missing("bench_days"):  # before anything is changed
         raise NginxMissing(missing)
     progress = progress or (lambda what, done, total: None)
     days: list[dict[str, Any]] = []
@@ -250,11 +246,29 @@ def _day(day: int, shape: Shape, progress: Progress, receiver: Nginx) -> dict[st
 # --- claims and the night ------------------------------------------------------------------------
 
 
+def even_parts(total: int, parts: int) -> list[tuple[int, int]]:
+    """``range(total)`` as ``parts`` half-open ranges ``(lo, hi)``, contiguous and as even as
+    whole items allow."""
+    bounds = [total * k // parts for k in range(parts + 1)]
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
 def night_cohorts(claims: int) -> list[tuple[int, int]]:
     """The day's claimers (user ids ``1..claims``) as ``NIGHT_ROUNDS`` ranges ``(lo, hi)``,
     contiguous and as even as whole users allow: one range a round of the night."""
-    bounds = [claims * k // NIGHT_ROUNDS for k in range(NIGHT_ROUNDS + 1)]
-    return [(lo + 1, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
+    return [(lo + 1, hi) for lo, hi in even_parts(claims, NIGHT_ROUNDS)]
+
+
+def firing_rounds_per_s(due: datetime, settled: list[datetime]) -> list[float]:
+    """The firing's rate in ``TIMEOUT_ROUNDS`` rounds of the jobs in the order they settled:
+    each round's jobs over the time from the settle before its first (the due moment for the
+    first round) to its last."""
+    rates = []
+    for lo, hi in even_parts(len(settled), TIMEOUT_ROUNDS):
+        if hi > lo:
+            start = due if lo == 0 else settled[lo - 1]
+            rates.append((hi - lo) / max((settled[hi - 1] - start).total_seconds(), 1e-3))
+    return rates
 
 
 @dataclass(frozen=True)
@@ -432,16 +446,25 @@ def _order_timeouts(
     """``before``: the largest job id before the day, so its jobs are the ids above."""
     arrived_before = receiver.count(FIRE_PATH)
     far = timezone.now() + timedelta(hours=1)
-    started = time.perf_counter()
-    for lo in range(0, shape.timeouts, CHUNK):
-        timeout_jobs_bulk_create(
-            [
-                {"topic": TOPIC, "biz_type": "order", "biz_id": f"d{day}-{i}", "action_time": far}
-                for i in range(lo, min(lo + CHUNK, shape.timeouts))
-            ]
-        )
-        progress(f"day {day}: timeouts created", min(lo + CHUNK, shape.timeouts), shape.timeouts)
-    create_s = max(time.perf_counter() - started, 1e-3)
+    create_rates, create_s = [], 0.0
+    for first, end in even_parts(shape.timeouts, TIMEOUT_ROUNDS):
+        started = time.perf_counter()
+        for lo in range(first, end, CHUNK):
+            timeout_jobs_bulk_create(
+                [
+                    {
+                        "topic": TOPIC,
+                        "biz_type": "order",
+                        "biz_id": f"d{day}-{i}",
+                        "action_time": far,
+                    }
+                    for i in range(lo, min(lo + CHUNK, end))
+                ]
+            )
+            progress(f"day {day}: timeouts created", min(lo + CHUNK, end), shape.timeouts)
+        took = max(time.perf_counter() - started, 1e-3)
+        create_rates.append((end - first) / took)
+        create_s += took
     jobs = TimeoutJob.objects.filter(topic=TOPIC, biz_id__startswith=f"d{day}-").order_by("pk")
     cancel = [job for i, job in enumerate(jobs) if i % 5 < CANCEL_OF_FIVE]
     for n, job in enumerate(cancel, 1):
@@ -476,9 +499,15 @@ def _order_timeouts(
     arrived = receiver.wait_logged(FIRE_PATH, arrived_before + fired) - arrived_before
     if arrived < fired:
         raise AssertionError(f"day {day}: {fired} timeouts fired, {arrived} reached the receiver")
+    fire_rates = firing_rounds_per_s(due, settled)
     return {
-        "timeout_create_per_s": round(shape.timeouts / create_s),
-        "timeout_fire_per_s": round(fire / max((done - due).total_seconds(), 1e-3)),
+        # Each rate is the median of its rounds' (``TIMEOUT_ROUNDS``); the whole span's beside it.
+        "timeout_create_per_s": round(statistics.median(create_rates)),
+        "timeout_create_rounds_per_s": [round(r) for r in create_rates],
+        "timeout_create_whole_per_s": round(shape.timeouts / create_s),
+        "timeout_fire_per_s": round(statistics.median(fire_rates)),
+        "timeout_fire_rounds_per_s": [round(r) for r in fire_rates],
+        "timeout_fire_whole_per_s": round(fire / max((done - due).total_seconds(), 1e-3)),
         # Where the firing's seconds went: from the due second to the first settle, to half of
         # them, to the last; and what autovacuum did meanwhile.
         "timeout_fire_settled_s": [
@@ -808,10 +837,14 @@ def day_line(day: dict[str, Any]) -> str:
     first, half, last = day["timeout_fire_settled_s"]
     fire_beside = ", ".join(day["timeout_fire_autovacuum_beside"]) or "none"
     rounds = " / ".join(f"{night['per_s']:,}" for night in day["night_rounds"])
+    created = " / ".join(f"{r:,}" for r in day["timeout_create_rounds_per_s"])
+    fired = " / ".join(f"{r:,}" for r in day["timeout_fire_rounds_per_s"])
     return (
         f"day {day['day']}: sweep {day['expiry_sweep_per_s']:,}/s (median of rounds {rounds}), "
         f"inbox {day['inbox_burst_per_s']:,}/s, timeouts created {day['timeout_create_per_s']:,}/s "
-        f"fired {day['timeout_fire_per_s']:,}/s (settled {first} / {half} / {last} s after due, "
+        f"(median of rounds {created}; whole {day['timeout_create_whole_per_s']:,}/s) "
+        f"fired {day['timeout_fire_per_s']:,}/s (median of rounds {fired}; whole "
+        f"{day['timeout_fire_whole_per_s']:,}/s; settled {first} / {half} / {last} s after due, "
         f"autovacuum beside: {fire_beside}); tables {total:,.1f} MiB, dead tuples "
         f"{dead:,} of {live:,} live after autovacuum's round ({day['autovacuum_wait_s']} s; "
         f"{sum(day['dead_tuples_at_day_end'].values()):,} before it); shared buffers "

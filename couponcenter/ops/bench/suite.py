@@ -57,6 +57,7 @@ from reminders.bench import end_to_end as bench_reminders
 from reminders.bench import fanout as bench_fanout
 from reminders.bench import peers as bench_peers
 from reminders.bench import timeouts as bench_timeouts
+from reminders.bench.nginx import nginx_missing
 from reminders.bench.raw_inbox import bench_raw_inbox
 from reminders.selectors import reminder_settings_get
 
@@ -177,7 +178,7 @@ def run(
             f"days, {DAYS.claims:,} claims, {DAYS.reminders:,} reminders and "
             f"{DAYS.timeouts:,} order timeouts a day"
         )
-        if missing := bench_days.nginx_missing():
+        if missing := nginx_missing("bench_days"):
             result["days"] = {"skipped": missing}
         else:
             result["days"] = bench_days.run(DAYS, progress=progress, say=say)
@@ -187,7 +188,10 @@ def run(
             f"{DAY.burst:,} burst, a {DAY.rush_users:,}-user rush, {DAY.timeout_burst:,} "
             f"timeouts, a {DAY.expiry:,} sweep, a rolling deploy"
         )
-        result["day"] = bench_day.run(DAY, progress=progress, say=say)
+        if missing := nginx_missing("bench_day"):
+            result["day"] = {"skipped": missing}
+        else:
+            result["day"] = bench_day.run(DAY, progress=progress, say=say)
     if "claims" in parts:
         say(f"claims over HTTP: {claims_seconds:.0f} s, beside /healthz/live/")
         result["claims"] = bench_http.run(seconds=claims_seconds, progress=say)

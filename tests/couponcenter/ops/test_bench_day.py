@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import psutil
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from couponcenter.coupons.bench.http import database_url
 from couponcenter.coupons.models import Coupon
 from couponcenter.ops.bench import day
+from reminders.bench import nginx
 from reminders.models import TimeoutTopic
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -64,7 +67,9 @@ def test_a_shortened_day_loses_nothing_through_the_deploy_and_holds_background_w
     for phase in ("alone", "together"):
         assert paths["reminders_steady"][phase]["lateness_samples"] > 0
         assert paths["reminders_burst"][phase]["lateness_samples"] == SHAPE.burst
+        # Each job's firing lateness, read from nginx's access log and the job's due time.
         assert paths["timeouts"][phase]["burst"]["lateness_samples"] == SHAPE.timeout_burst
+        assert paths["timeouts"][phase]["steady"]["lateness_samples"] > 0
         assert paths["api_reads"][phase]["latency_samples"] > 0
         # Every read answered as the client meant it (a job looked up by key is 200 or 404),
         # so the latency is the lookups', not refusals'.
@@ -84,3 +89,14 @@ def test_a_shortened_day_loses_nothing_through_the_deploy_and_holds_background_w
         if p.pid not in before and p.is_running() and p.status() != "zombie"
     ]
     assert "deploy: reminder-worker (pid" in "\n".join(said)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_nginx_the_command_refuses_before_it_starts_anything(monkeypatch):
+    """The day's timeouts fire at nginx; without it the command says what to install."""
+    monkeypatch.setattr(nginx, "nginx_binary", lambda: None)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(CommandError, match="bench_day fires its timeouts at nginx"):
+        call_command("bench_day", "--minutes", "1")
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    assert not TimeoutTopic.objects.filter(name__startswith=day.TOPIC_PREFIX).exists()

@@ -8,10 +8,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psutil
 import pytest
@@ -26,6 +27,7 @@ from couponcenter.coupons.models import Coupon, UserCoupon
 from couponcenter.ops.bench import days
 from expiry.models import ExpirySettings, ExpiryTask
 from expiry.services import expiry_settings_get
+from reminders.bench import nginx
 from reminders.bench.nginx import nginx_binary
 from reminders.models import Notification, TimeoutJob, TimeoutTopic
 from tests.support.factories import UserCouponFactory
@@ -113,9 +115,14 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
         # The rate is whole jobs a second over the unrounded seconds, ``last`` those seconds to
         # the millisecond: each is off by its rounding, which for a slow firing (a loaded
         # machine, a few jobs) is a whole job a second.
-        assert day["timeout_fire_per_s"] == pytest.approx(
+        assert day["timeout_fire_whole_per_s"] == pytest.approx(
             fired / last, abs=0.5 + fired * 0.0005 / (last - 0.0005) ** 2
         )
+        # Each timeout rate is the median of its rounds'.
+        for rate in ("timeout_create", "timeout_fire"):
+            per_round = day[f"{rate}_rounds_per_s"]
+            assert len(per_round) == days.TIMEOUT_ROUNDS and all(r > 0 for r in per_round)
+            assert day[f"{rate}_per_s"] == sorted(per_round)[1]
         assert all(isinstance(what, str) for what in day["timeout_fire_autovacuum_beside"])
     # Retention (one day) removes the day before's processed tasks, re-dated a day back, each day.
     removed = [d["retention_removed"][ExpiryTask._meta.db_table] for d in result["days"]]
@@ -157,7 +164,7 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
 @pytest.mark.django_db(transaction=True)
 def test_without_nginx_the_command_refuses_before_it_changes_anything(monkeypatch):
     autovacuum_before = _autovacuum()
-    monkeypatch.setattr(days, "nginx_binary", lambda: None)
+    monkeypatch.setattr(nginx, "nginx_binary", lambda: None)
     with pytest.raises(CommandError, match="apt-get install nginx-light"):
         call_command("bench_days", "--days", "3", "--retention-days", "1")
     assert _autovacuum() == autovacuum_before
@@ -274,6 +281,19 @@ def test_the_night_cohorts_cover_every_claimer_once_in_even_contiguous_ranges(cl
     assert [user for lo, hi in cohorts for user in range(lo, hi + 1)] == list(range(1, claims + 1))
     sizes = [hi - lo + 1 for lo, hi in cohorts]
     assert max(sizes) - min(sizes) <= 1
+
+
+def test_a_firing_s_rounds_follow_the_settles_and_one_stalled_round_leaves_the_median():
+    due = datetime(2026, 11, 29, tzinfo=UTC)
+    # Six jobs in three rounds of two; the second round waits four seconds for its last job.
+    settled = [due + timedelta(seconds=s) for s in (0.5, 1.0, 1.5, 5.5, 6.0, 6.5)]
+
+    rates = days.firing_rounds_per_s(due, settled)
+
+    assert rates == pytest.approx([2 / 1.0, 2 / 4.5, 2 / 1.0])
+    assert statistics.median(rates) == pytest.approx(2.0)
+    # Fewer jobs than rounds: only the rounds that hold a job.
+    assert days.firing_rounds_per_s(due, settled[:1]) == pytest.approx([2.0])
 
 
 @pytest.mark.django_db(transaction=True)

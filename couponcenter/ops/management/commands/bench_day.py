@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from couponcenter.ops.bench import day
 from couponcenter.ops.bench.command import run_production_bench
+from reminders.bench.nginx import nginx_missing
 
 
 class Command(BaseCommand):
@@ -48,6 +49,8 @@ class Command(BaseCommand):
             expiry=o["expiry"],
         )
         check(shape)
+        if missing := nginx_missing("bench_day"):
+            raise CommandError(missing)
         run_production_bench(
             self,
             name="bench_day",

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from couponcenter.ops.bench import days
 from couponcenter.ops.bench.command import run_production_bench
+from reminders.bench.nginx import nginx_missing
 
 
 class Command(BaseCommand):
@@ -46,7 +47,7 @@ class Command(BaseCommand):
             autovacuum_wait_s=options["autovacuum_wait"],
         )
         _check(shape)
-        if missing := days.nginx_missing():
+        if missing := nginx_missing("bench_days"):
             raise CommandError(missing)
         run_production_bench(
             self,

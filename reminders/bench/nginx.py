@@ -27,6 +27,7 @@ from pathlib import Path
 from couponcenter.core.process import die_with_parent
 from couponcenter.coupons.bench.http import free_port, stop
 
+INSTALL = "apt-get install nginx-light (make bench does)"
 # How often nginx writes its buffered access log (the ``flush=`` below).
 LOG_FLUSH_S = 0.1
 # The access log's fields, tab-separated (a signature holds spaces while a secret rotates).
@@ -128,7 +129,7 @@ class Nginx:
 def nginx_missing(bench: str) -> str | None:
     """What to install when nginx, the receiver ``bench`` fires its timeouts at, is not there."""
     if nginx_binary() is None:
-        return f"{bench} fires its timeouts at nginx: apt-get install nginx-light (make bench does)"
+        return f"{bench} fires its timeouts at nginx: {INSTALL}"
     return None
 
 
@@ -144,7 +145,7 @@ def nginx_receiver(*, timeout_s: float = 15) -> Iterator[Nginx]:
     removed) on the way out. ``NginxMissing`` when it is not installed."""
     binary = nginx_binary()
     if binary is None:
-        raise NginxMissing("nginx is not installed: apt-get install nginx-light (make bench does)")
+        raise NginxMissing(f"nginx is not installed: {INSTALL}")
     directory = Path(tempfile.mkdtemp(prefix="ccbench-nginx-"))
     port = free_port()
     conf = directory / "nginx.conf"

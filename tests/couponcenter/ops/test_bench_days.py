@@ -6,12 +6,14 @@ the day before's expiry tasks removed by retention once re-dated); speed is neve
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import statistics
 import subprocess
 import sys
 import time
+import weakref
 from datetime import UTC, datetime, timedelta
 
 import psutil
@@ -294,6 +296,31 @@ def test_a_firing_s_rounds_follow_the_settles_and_one_stalled_round_leaves_the_m
     assert statistics.median(rates) == pytest.approx(2.0)
     # Fewer jobs than rounds: only the rounds that hold a job.
     assert days.firing_rounds_per_s(due, settled[:1]) == pytest.approx([2.0])
+
+
+class _Held:
+    """An object in a reference cycle: only the collector frees it."""
+
+    def __init__(self):
+        self.me = self
+
+
+def test_a_service_round_sees_the_harness_s_heap_collected_and_frozen_and_then_given_back():
+    before = gc.get_freeze_count()
+    gone = weakref.ref(_Held())  # the harness's garbage, still in a cycle
+    kept = [[n] for n in range(1000)]  # what the harness keeps (lists: the collector tracks them)
+
+    with days.service_heap():
+        # Collected before the round, not on its clock; what the harness keeps is out of view.
+        assert gone() is None
+        assert gc.get_freeze_count() >= before + len(kept)
+        assert not any(o is kept[0] for o in gc.get_objects())
+        made = weakref.ref(_Held())  # the round's own garbage is still the collector's
+        gc.collect()
+        assert made() is None
+
+    assert gc.get_freeze_count() == before
+    assert any(o is kept[0] for o in gc.get_objects())
 
 
 @pytest.mark.django_db(transaction=True)

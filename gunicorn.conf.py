@@ -52,3 +52,13 @@ def child_exit(server, worker) -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(worker.pid)
+
+
+def post_worker_init(worker) -> None:
+    # The app is loaded by now. Frozen out of the collector's view, it is no longer walked by
+    # every full collection while the worker's threads wait, in the middle of a rush. The young
+    # generation keeps Python's threshold here (unlike ``tune_gc``'s workers): a request's garbage
+    # is small, and the larger threshold cost the rush answers (BENCHMARKS.md).
+    from couponcenter.core.process import freeze_start_up
+
+    freeze_start_up()

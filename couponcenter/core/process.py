@@ -1,5 +1,5 @@
 """Process-wide settings for the long-running workers (the dispatch loop, the expiry sweeper,
-Celery's children)."""
+Celery's children, gunicorn's workers)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,21 @@ from collections.abc import Callable
 GC_GEN0_THRESHOLD = 20_000
 
 
-def tune_gc() -> None:
-    """Move everything alive after start-up out of the collector's view, and collect the young
-    generation less often. A 200,000-reminder burst allocates a tuple per entry in the dispatch
-    loop and a row per reminder in delivery; with the default thresholds the collector walked
-    Django's whole heap again and again in the middle of it (in the dispatch loop, twice the time
-    of building the entries). Garbage is still collected: only less often, and not start-up's."""
+def freeze_start_up() -> None:
+    """Move everything alive after start-up (Django, the app, its settings) out of the
+    collector's view: a full collection otherwise walks all of it again, while every thread of the
+    process waits. Garbage made from here on is collected as before."""
     gc.collect()
     gc.freeze()
+
+
+def tune_gc() -> None:
+    """``freeze_start_up``, and collect the young generation less often. A 200,000-reminder burst
+    allocates a tuple per entry in the dispatch loop and a row per reminder in delivery; with the
+    default thresholds the collector walked Django's whole heap again and again in the middle of
+    it (in the dispatch loop, twice the time of building the entries). Garbage is still
+    collected: only less often, and not start-up's."""
+    freeze_start_up()
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 

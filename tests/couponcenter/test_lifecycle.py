@@ -156,6 +156,24 @@ def test_gunicorn_kills_a_request_past_the_graceful_timeout(env, spawn, tmp_path
     assert took < 8, (took, output(proc))  # the bound holds even against a stuck request
 
 
+def test_a_gunicorn_worker_freezes_the_loaded_app_out_of_the_collector_s_view(env, spawn):
+    port = free_port()
+    proc = spawn(
+        [sys.executable, "-m", "gunicorn", "tests.support.lifecycle_app",
+         "-c", "gunicorn.conf.py"],
+        {**env, "GUNICORN_BIND": f"127.0.0.1:{port}", "WEB_CONCURRENCY": "1"},
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _answers(base + "/healthz/live/"), 30, "gunicorn to serve", proc)
+
+    status, body = http_get(base + "/__gc__")
+
+    assert status == 200, output(proc)
+    got = json.loads(body)
+    assert got["frozen"] > 10_000  # Django and the app, loaded before the worker served
+    assert got["threshold"][0] == 700  # Python's own: the web keeps it (gunicorn.conf.py)
+
+
 def _answers(url: str) -> bool:
     try:
         return http_get(url, timeout=2)[0] == 200

@@ -1,7 +1,10 @@
 """The real WSGI app, plus ``GET /__slow__?s=N[&mark=PATH]`` holding its worker N seconds
 (lifecycle tests). With ``mark``, the request writes the time it started to PATH first, so a test
-knows the request is in a worker without guessing how long that takes."""
+knows the request is in a worker without guessing how long that takes. ``GET /__gc__`` answers the
+serving worker's collector settings (its thresholds and how many objects are frozen), as JSON."""
 
+import gc
+import json
 import time
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -18,4 +21,8 @@ def application(environ, start_response):
         time.sleep(seconds)
         start_response("200 OK", [("Content-Type", "text/plain")])
         return [b"slept\n"]
+    if environ.get("PATH_INFO") == "/__gc__":
+        start_response("200 OK", [("Content-Type", "application/json")])
+        got = {"threshold": gc.get_threshold(), "frozen": gc.get_freeze_count()}
+        return [json.dumps(got).encode()]
     return django_application(environ, start_response)

@@ -49,8 +49,18 @@ run: install
 admin-password: install
 	$(PY) manage.py ensure_demo_admin --reset --url http://$(HOST):$(PORT)/admin/
 
+# The suite in TEST_PROCESSES processes (pytest-xdist; each has its own test database, and every
+# test its own Redis key prefix), a file's tests in one process; then the tests marked `alone`, one
+# after the other with nothing beside them: the benchmarks in small form, which load the machine
+# on purpose, and the ones that change a server-wide setting (autovacuum). Most tests wait on the
+# processes they start, so three processes fit two cores. A failing first part still runs the
+# second; the exit status is the first failure's.
+TEST_PROCESSES ?= 3
 test: install
-	$(VENV)/bin/pytest
+	@status=0; \
+	$(VENV)/bin/pytest -n $(TEST_PROCESSES) --dist loadfile -m "not alone" || status=$$?; \
+	$(VENV)/bin/pytest -m alone || { s=$$?; [ $$status -ne 0 ] || status=$$s; }; \
+	exit $$status
 
 test-chaos: install
 	$(VENV)/bin/pytest tests/chaos

@@ -27,6 +27,8 @@ from expiry.models import ExpiryTask
 
 pytestmark = [
     pytest.mark.postgres,
+    # Alone: gunicorn and wrk at full load, with the machine to themselves.
+    pytest.mark.alone,
     pytest.mark.django_db(transaction=True),
     # Under CI=1 a skip fails the run (tests/conftest.py): .ci/run installs wrk.
     pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed"),

@@ -24,6 +24,8 @@ from reminders.models import TimeoutJob, TimeoutTopic
 
 pytestmark = [
     pytest.mark.postgres,
+    # Alone: nginx, wrk and the worker firing against a deadline, with the machine to themselves.
+    pytest.mark.alone,
     pytest.mark.django_db(transaction=True),
     # Under CI=1 a skip fails the run (tests/conftest.py): .ci/run installs both.
     pytest.mark.skipif(bool(fanout.missing_tools()), reason="nginx or wrk is not installed"),

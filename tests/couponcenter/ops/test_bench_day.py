@@ -21,7 +21,8 @@ from couponcenter.ops.bench import day
 from reminders.bench import nginx
 from reminders.models import TimeoutTopic
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+# Alone: a day loads the machine on purpose, and its back-off is judged by lateness.
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.alone]
 
 GAP_S = 8.0
 SHAPE = day.Shape(

@@ -34,7 +34,8 @@ from reminders.bench.nginx import nginx_binary
 from reminders.models import Notification, TimeoutJob, TimeoutTopic
 from tests.support.factories import UserCouponFactory
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+# Alone: a run switches autovacuum on for the whole server, under every other test's database.
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.alone]
 # The runs fire their timeouts at nginx (make bench and CI install it).
 needs_nginx = pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed")
 

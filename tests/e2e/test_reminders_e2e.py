@@ -41,10 +41,13 @@ def _parse(value: str) -> datetime:
 
 def test_every_subscriber_is_reminded_once_on_time(stack, reminder_settings):
     reminder_settings.change(slots=16, tick_interval_ms=200, merge_window_ms=1000)
-    stack.start()
+    stack.start_celery()
     client = _service_client()
     # Subscribe while the coupons open in an hour, then move the opening close: subscribing over
-    # HTTP takes a while, and moving the time must move every reminder (the worker is running).
+    # HTTP takes a while, and moving the time must move every reminder. The reminder worker starts
+    # once all four have moved: one coupon at a time, the first one's reminders fall due before the
+    # others move, and a worker running then sends user 1's first reminder alone (merging joins
+    # what falls due together, not what is moved beside it later).
     later = timezone.now() + timedelta(hours=1)
     coupon = CouponFactory(claim_opens_at=later, reminder_lead=LEAD, name="Big sale")
     siblings = [CouponFactory(claim_opens_at=later, reminder_lead=LEAD) for _ in range(2)]
@@ -64,6 +67,8 @@ def test_every_subscriber_is_reminded_once_on_time(stack, reminder_settings):
     opens = timezone.now() + timedelta(seconds=8)
     for c in [coupon, *siblings, doomed]:
         coupon_services.coupon_update(coupon=c, claim_opens_at=opens)
+
+    stack.start_reminder_worker()
 
     leaver_sub = ReminderSubscription.objects.get(user_id=leaver, coupon=coupon)
     entry = member(leaver_sub.pk)

@@ -29,7 +29,8 @@ from tests.support.factories import CouponFactory
 class RedisKeys:
     """The keys in the test's Redis database now, to say afterwards that a command left none of
     its own and took none of anyone else's. A key other tests left with a time to live may expire
-    meanwhile, so the keys are compared, not their count."""
+    meanwhile, so the keys are compared, not their count. It reads the whole database, so a test
+    that uses it is ``alone``: a test running beside it deletes its own keys as it ends."""
 
     def __init__(self) -> None:
         self.client = get_redis()
@@ -50,6 +51,7 @@ class RedisKeys:
         return name.startswith("cctest-") and not name.startswith(self.own_test)
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize(
     ("command", "args", "message"),
     [
@@ -98,6 +100,7 @@ def test_a_report_of_files_that_are_not_runs_is_refused(tmp_path):
         call_command("bench_all", "--report", str(bad))
 
 
+@pytest.mark.alone
 def test_the_backlog_bench_measures_memory_and_claims_every_due_job():
     keys = RedisKeys()
     out = StringIO()
@@ -110,6 +113,7 @@ def test_the_backlog_bench_measures_memory_and_claims_every_due_job():
     keys.assert_as_before()  # everything it made is gone
 
 
+@pytest.mark.alone
 @pytest.mark.django_db(transaction=True)
 def test_the_rebuild_bench_indexes_every_scheduled_reminder_elsewhere_and_cleans_up():
     keys = RedisKeys()

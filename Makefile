@@ -52,9 +52,10 @@ admin-password: install
 # The suite in TEST_PROCESSES processes (pytest-xdist; each has its own test database, and every
 # test its own Redis key prefix), a file's tests in one process; then the tests marked `alone`, one
 # after the other with nothing beside them: the benchmarks in small form, which load the machine
-# on purpose, and the ones that change a server-wide setting (autovacuum). Most tests wait on the
-# processes they start, so three processes fit two cores. A failing first part still runs the
-# second; the exit status is the first failure's.
+# on purpose, the ones that change a server-wide setting (autovacuum), and the ones that compare
+# the whole Redis database before and after. Most tests wait on the processes they start, so
+# three processes fit two cores. A failing first part still runs the second; the exit status is
+# the first failure's.
 TEST_PROCESSES ?= 3
 test: install
 	@status=0; \

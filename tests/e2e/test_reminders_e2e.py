@@ -76,8 +76,13 @@ def test_every_subscriber_is_reminded_once_on_time(stack, reminder_settings):
     leaver_sub = ReminderSubscription.objects.get(user_id=leaver, coupon=coupon)
     entry = member(leaver_sub.pk)
 
-    # Due within the pre-stage window, the leaver's reminder is by now still scheduled, in flight
-    # to delivery or already written, hidden: in each case the unsubscribe wins.
+    # Due within the pre-stage window, the leaver's reminder is claimed as soon as the worker runs:
+    # once it is in flight to delivery or already written, hidden, the unsubscribe must still win.
+    wait_for(
+        lambda: queue.place(REMINDER_TOPIC, leaver_sub.slot, entry).where != "scheduled",
+        timeout=60,
+        what="the leaver's reminder claimed by the worker (staged or in flight)",
+    )
     assert client.delete(f"/api/users/{leaver}/reminders/{coupon.pk}/").status_code == 204
     assert queue.place(REMINDER_TOPIC, leaver_sub.slot, entry).where != "scheduled"
     assert not Notification.objects.filter(user_id=leaver).exists()  # withdrawn before it showed

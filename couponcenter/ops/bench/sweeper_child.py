@@ -21,8 +21,13 @@ def sweep(parent: int, now: datetime, ready, start, results) -> None:
     django.setup()
     from django.db import connection
 
-    from expiry.services import expiry_sweep_due
+    from expiry.services import expiry_settings_get, expiry_sweep_due, next_due_at
 
+    # Warm, as the sweeper's own process is when a pass begins: its connection open and the
+    # reads of its loop (``expiry.sweeper``) done, so the round times the pass, not a new
+    # server backend loading the partitioned tables' catalog.
+    expiry_settings_get()
+    next_due_at()
     ready.put(1)
     while not start.wait(1):
         if os.getppid() != parent:

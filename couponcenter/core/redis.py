@@ -214,6 +214,26 @@ def embedded_server_foreground(socket_path: Path, say: Callable[[str], None]) ->
     return status
 
 
+def broker_queue_delete(name: str) -> None:
+    """Remove the Celery queue ``name`` from a Redis broker: its messages (a list per priority)
+    and the bindings kombu keeps for it, which outlive the queue otherwise. For the queues
+    benchmarks and tests make for themselves on a shared broker, once nothing consumes them.
+    Nothing for other brokers. Key names are kombu's own (its Redis transport's ``Channel``);
+    a Celery queue's exchange has the queue's name."""
+    client = broker_client()
+    if client is None:
+        return
+    from kombu.transport.redis import Channel
+
+    priorities = [f"{name}{Channel.sep}{step}" for step in Channel.priority_steps if step]
+    client.delete(
+        Channel.keyprefix_queue % name,
+        Channel.keyprefix_binding_permanent % name,
+        name,
+        *priorities,
+    )
+
+
 def _others(client: redis.Redis, own: int) -> int:
     return sum(1 for c in client.client_list() if int(c["id"]) != own)
 

@@ -31,6 +31,7 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from couponcenter.core.db.times import aware_time
+from couponcenter.core.redis import broker_queue_delete
 from couponcenter.coupons.bench.lateness import lateness_summary
 from couponcenter.coupons.bench.progress import Progress
 from couponcenter.coupons.models import Coupon
@@ -385,4 +386,5 @@ def run(
         result["burst_p99_ms"] = result.get("prestaged_burst_lateness_p99_ms")
     finally:
         delete_keys(prefix)
+        broker_queue_delete(delivery_queue)
     return result

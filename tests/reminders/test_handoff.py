@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from couponcenter.celery import app as celery_app
-from couponcenter.core.redis import broker_client
+from couponcenter.core.redis import broker_client, broker_queue_delete
 from reminders import metrics
 from reminders.engine import keys, queue, scripts
 from reminders.engine.clock import epoch_ms
@@ -43,7 +43,7 @@ def delivery_queue(settings):
         pytest.skip("needs a Redis broker")
     yield name, client
     celery_app.conf.CELERY_TASK_DEFAULT_QUEUE = before
-    client.delete(name)
+    broker_queue_delete(name)
 
 
 def _reset_producers() -> None:

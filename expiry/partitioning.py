@@ -72,6 +72,12 @@ def partitioned_tasks() -> bool:
     return partitioned(TABLE)
 
 
+def pending_tasks_table() -> str:
+    """The table that holds the pending tasks: their partition once partitioned, else the one
+    table (what the planner's statistics of the pending tasks are kept on)."""
+    return PENDING_LEAF if partitioned_tasks() else TABLE
+
+
 def expiry_partitions_ensure(*, now: datetime) -> list[str]:
     """Create the processed-task days from today to ``PROCESSED.ahead`` (whatever the retention:
     a task processed today needs its day); the names created. Nothing on SQLite, before the

@@ -25,7 +25,7 @@ from couponcenter.core.db import prepared
 from couponcenter.coupons.models import UserCoupon
 
 from .models import ExpiryTask
-from .partitioning import PENDING_LEAF, partitioned_tasks
+from .partitioning import pending_tasks_table
 
 logger = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ def statistics_catch_up(*, seen: int, batch_size: int) -> bool:
     ``deadlock_timeout``); a pass that cannot have it sweeps on with the plans it has."""
     if connection.vendor != "postgresql":
         return False
-    table = PENDING_LEAF if partitioned_tasks() else ExpiryTask._meta.db_table
+    table = pending_tasks_table()
     with connection.cursor() as cursor:
         cursor.execute(
             """SELECT c.reltuples, coalesce(s.n_live_tup, 0)

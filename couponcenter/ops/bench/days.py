@@ -70,7 +70,7 @@ from couponcenter.ops.bench.report import DAYS_SIZE_GROWS as SIZE_GROWS
 from expiry import services as expiry_services
 from expiry.bench.sweep import CLAIMS_LOAD_SQL
 from expiry.models import ExpirySettings, ExpiryTask
-from expiry.partitioning import PENDING_LEAF, partitioned_tasks
+from expiry.partitioning import pending_tasks_table
 from expiry.retention import expiry_retention
 from reminders.bench.end_to_end import prestage_window
 from reminders.bench.nginx import Nginx, NginxMissing, nginx_missing, nginx_receiver
@@ -315,10 +315,6 @@ def _claims(day: int, shape: Shape, progress: Progress) -> tuple[Coupon, list[_R
     return coupon, [_Round(due, unused.get(due, 0)) for due in dues]
 
 
-def _pending_tasks_table() -> str:
-    return PENDING_LEAF if partitioned_tasks() else ExpiryTask._meta.db_table
-
-
 def _analyze_pending() -> None:
     """The planner's statistics of the pending tasks brought up to the day's claims, which were
     loaded a moment ago in one go. A production night's tasks arrive over the day and autovacuum
@@ -326,7 +322,7 @@ def _analyze_pending() -> None:
     sweep's own ANALYZE (``expiry.sql.statistics_catch_up``), a fixed cost inside one sub-second
     round and not the others, and a later round would pay it or not as autovacuum's timing fell."""
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {connection.ops.quote_name(_pending_tasks_table())}")
+        cursor.execute(f"ANALYZE {connection.ops.quote_name(pending_tasks_table())}")
 
 
 def _pending_analyzes() -> int:
@@ -335,7 +331,7 @@ def _pending_analyzes() -> int:
         cursor.execute(
             "SELECT coalesce(max(analyze_count), 0) FROM pg_stat_user_tables "
             "WHERE relid = %s::regclass",
-            [_pending_tasks_table()],
+            [pending_tasks_table()],
         )
         return int(cursor.fetchone()[0])
 

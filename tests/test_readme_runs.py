@@ -36,9 +36,10 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from couponcenter.core.redis import broker_queue_delete
 from couponcenter.coupons.bench.http import database_url, free_port
 from reminders.engine import leases
-from tests.e2e.conftest import Stack, _forget_broker_queue
+from tests.e2e.conftest import Stack
 from tests.support.checkout import checkout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -304,7 +305,7 @@ def make_run(redis_prefix, tmp_path):
         yield where, url, stack, procs
     finally:
         stack.stop()
-        _forget_broker_queue(queue)
+        broker_queue_delete(queue)
 
 
 def _serving(url: str) -> bool:

@@ -11,6 +11,7 @@ so a restart finds what Redis held.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -215,23 +216,32 @@ def embedded_server_foreground(socket_path: Path, say: Callable[[str], None]) ->
 
 
 def broker_queue_delete(name: str) -> None:
-    """Remove the Celery queue ``name`` from a Redis broker: its messages (a list per priority)
-    and the bindings kombu keeps for it, which outlive the queue otherwise. For the queues
-    benchmarks and tests make for themselves on a shared broker, once nothing consumes them.
-    Nothing for other brokers. Key names are kombu's own (its Redis transport's ``Channel``);
-    a Celery queue's exchange has the queue's name."""
+    """Remove the Celery queue ``name`` from a Redis broker: its messages (a list per priority),
+    the bindings kombu keeps for it (which outlive the queue otherwise), and the deliveries of it
+    a killed worker left unacknowledged. For the queues benchmarks and tests make for themselves
+    on a shared broker, once nothing consumes them. Nothing for other brokers. Key names are
+    kombu's own (its Redis transport's ``Channel``)."""
     client = broker_client()
     if client is None:
         return
     from kombu.transport.redis import Channel
 
-    priorities = [f"{name}{Channel.sep}{step}" for step in Channel.priority_steps if step]
-    client.delete(
-        Channel.keyprefix_queue % name,
-        Channel.keyprefix_binding_permanent % name,
-        name,
-        *priorities,
-    )
+    client.delete(name, *(f"{name}{Channel.sep}{step}" for step in Channel.priority_steps if step))
+    for key in client.scan_iter(match="_kombu.binding*", count=1000):
+        if key.decode().endswith(f".{name}"):
+            client.delete(key)
+        elif client.type(key) == b"set":
+            stale = [m for m in client.smembers(key) if name.encode() in m]
+            if stale:
+                client.srem(key, *stale)
+    for tag, raw in client.hscan_iter(Channel.unacked_key):
+        try:
+            _, exchange, routing_key = json.loads(raw)
+        except (ValueError, TypeError):
+            continue
+        if name in (exchange, routing_key):
+            client.hdel(Channel.unacked_key, tag)
+            client.zrem(Channel.unacked_index_key, tag)
 
 
 def _others(client: redis.Redis, own: int) -> int:

@@ -26,11 +26,11 @@ from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from couponcenter.core.redis import broker_queue_delete
 from couponcenter.coupons.bench.http import database_url, free_port
 from reminders.engine import topic_model
 from reminders.models import TimeoutJob
 from reminders.services import timeout_job_create
-from tests.e2e.conftest import _forget_broker_queue
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -188,7 +188,7 @@ def _answers(url: str) -> bool:
 def celery_queue() -> Iterator[str]:
     queue = f"lifecycle-{uuid.uuid4().hex[:10]}"
     yield queue
-    _forget_broker_queue(queue)
+    broker_queue_delete(queue)
 
 
 def start_celery(spawn, env: dict[str, str], queue: str) -> subprocess.Popen:

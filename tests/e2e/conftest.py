@@ -31,7 +31,7 @@ import psutil
 import pytest
 from django.conf import settings
 
-from couponcenter.core.redis import build_client
+from couponcenter.core.redis import broker_queue_delete
 from couponcenter.coupons.bench.http import database_url, free_port
 from reminders.engine import leases
 from tests.support.settings_rows import reminder_settings_row
@@ -196,30 +196,6 @@ class Stack:
         return "\n".join(f"--- {p.log.name}\n{p.output()[-3000:]}" for p in self.procs)
 
 
-def _forget_broker_queue(queue: str) -> None:
-    """Delete the broker keys of this test's queue (tasks left behind by killed workers)."""
-    client = build_client(settings.CELERY_BROKER_URL.replace("redis+socket://", "unix://"))
-    try:
-        client.delete(queue)
-        for key in client.scan_iter(match="_kombu.binding*", count=1000):
-            if key.decode().endswith(f".{queue}"):
-                client.delete(key)
-            elif client.type(key) == b"set":
-                stale = [m for m in client.smembers(key) if queue.encode() in m]
-                if stale:
-                    client.srem(key, *stale)
-        for tag, raw in client.hscan_iter("unacked"):
-            try:
-                _, exchange, routing_key = json.loads(raw)
-            except (ValueError, TypeError):
-                continue
-            if queue in (exchange, routing_key):
-                client.hdel("unacked", tag)
-                client.zrem("unacked_index", tag)
-    finally:
-        client.close()
-
-
 @pytest.fixture
 def stack(transactional_db, redis_prefix, tmp_path):
     """Unstarted processes for this test (``stack.start()``, or start them one by one)."""
@@ -244,7 +220,7 @@ def stack(transactional_db, redis_prefix, tmp_path):
         yield s
     finally:
         s.stop()
-        _forget_broker_queue(queue)
+        broker_queue_delete(queue)  # tasks left behind by killed workers too
 
 
 @pytest.fixture

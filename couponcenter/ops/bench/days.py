@@ -35,7 +35,8 @@ one this harness calls with the simulated ``now``.
 Every row it makes is marked (its coupons' name, user ids from ``USER_BASE``, its timeout topic)
 and deleted at the end, with its Redis keys; the live retention settings and ``autovacuum`` are
 restored whatever happens (``autovacuum_on``; a run killed outright has ``autovacuum`` put back
-by its guard process, its processes stopped by the kernel, and its rows deleted by the next run).
+by its guard process, its processes stopped by the kernel, its Redis keys and queue deleted by
+``namespace_guard`` once they have, and its rows deleted by the next run).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
+from couponcenter.core.redis import broker_client, get_redis
 from couponcenter.core.retention import table_partitioned
 from couponcenter.coupons.bench.http import database_url
 from couponcenter.coupons.models import Coupon, UserCoupon
@@ -257,6 +258,9 @@ def test_a_run_killed_outright_still_has_autovacuum_put_back(tmp_path):
             children = psutil.Process(proc.pid).children(recursive=True)
             # and its nginx, reminder worker and Celery worker
             assert len(children) > len(sweepers)
+            # and the guard of its Redis keys and delivery queue (``namespace_guard``)
+            (guard,) = [c for c in children if "namespace_guard" in " ".join(c.cmdline())]
+            prefix, queue = guard.cmdline()[-2:]
         finally:
             proc.kill()
             proc.wait()
@@ -267,6 +271,11 @@ def test_a_run_killed_outright_still_has_autovacuum_put_back(tmp_path):
     assert _autovacuum_in_auto_conf() == auto_conf_before  # and for the next server start
     _, alive = psutil.wait_procs(children, timeout=60)
     assert not alive, [child.cmdline() for child in alive]
+    # The guard (one of the children) ended after the workers: nothing of the run is in Redis.
+    assert list(get_redis().scan_iter(match=f"{prefix}:*")) == []
+    broker = broker_client()
+    if broker is not None:
+        assert list(broker.scan_iter(match=f"*{queue}*")) == []
 
 
 def _sweepers(pid: int) -> list[psutil.Process]:

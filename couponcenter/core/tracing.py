@@ -101,11 +101,6 @@ def enabled() -> bool:
     return _installed
 
 
-def installed() -> bool:
-    """Whether ``setup`` installed tracing in this process."""
-    return _installed
-
-
 def current_traceparent() -> str:
     """The active span's context as a W3C ``traceparent``, when it is sampled; else ""."""
     if not _installed:

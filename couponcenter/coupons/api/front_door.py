@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -44,8 +44,6 @@ from django.utils.log import log_response
 from couponcenter.core import tracing
 from couponcenter.core.live_settings import as_of_now
 from couponcenter.coupons.api.claims import UserCouponListApi
-
-WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 # The middleware the front door stands in for; with any other list it stays shut.
 MIDDLEWARE = (
@@ -79,7 +77,7 @@ class ClaimFrontDoor:
 
     def open(self) -> bool:
         """Whether claims may come in here (read per request: tests change the settings)."""
-        return tuple(settings.MIDDLEWARE) == MIDDLEWARE and not tracing.installed()
+        return tuple(settings.MIDDLEWARE) == MIDDLEWARE and not tracing.enabled()
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]):
         if environ.get("REQUEST_METHOD") == "POST":
@@ -147,7 +145,3 @@ class ClaimFrontDoor:
             ],
         )
         return response
-
-
-def claim_front_door(django_app: WSGIHandler) -> ClaimFrontDoor:
-    return ClaimFrontDoor(django_app)

@@ -318,7 +318,7 @@ def _settle_round(
     """Settle the claims a round decided; return those left for the next round, whether it
     found a shard, and those the coupon did not take (its window, its status)."""
     left, unclaimable, picked = [], [], False
-    for ordinal, claimable, seq_free, chosen, pk, expires_at, name in sorted(rows):
+    for ordinal, claimable, seq_in_limit, chosen, pk, expires_at, name in sorted(rows):
         claim = claims[ordinal - 1]
         picked = picked or chosen
         if pk is not None:
@@ -336,8 +336,8 @@ def _settle_round(
             )
         elif not claimable:
             unclaimable.append(claim)
-        elif chosen or not seq_free:
-            # Chosen and not inserted: a concurrent claim committed the same seq first.
+        elif chosen or not seq_in_limit:
+            # Chosen and not inserted: another claim committed the same seq (or key) first.
             claim.settle(SEQ_TAKEN)
         else:
             left.append(claim)
@@ -365,13 +365,16 @@ def _refuse(*, coupon_id: int, claims: list[Claim]) -> list[Claim]:
 
 # One statement, so one transaction in autocommit, as the single claim's (``services._CLAIM_SQL``,
 # whose comments hold here too) but for many rows: each requested row (user, seq, moment) is
-# checked against the coupon's window at its own moment and against the user's claims; ONE shard
-# with stock left is locked, and the rows that fit its free units are inserted (in key order, so
-# two groups with rows in common never wait on each other in a cycle), the shard raised by exactly
-# the number inserted, and their expiry tasks written. A row whose seq (or idempotency key) another
-# claim committed meanwhile is skipped (ON CONFLICT DO NOTHING), not an error for the whole group:
-# it then runs alone, which finds the user's free seq or the user coupon with its key. The answer
-# has one row per requested row, by its ordinal.
+# checked against the coupon's window at its own moment and its seq against the user's limit; ONE
+# shard with stock left is locked, and the rows that fit its free units are inserted (in key order,
+# so two groups with rows in common never wait on each other in a cycle), the shard raised by
+# exactly the number inserted, and their expiry tasks written. A row whose seq (or idempotency key)
+# is taken is skipped (ON CONFLICT DO NOTHING), not an error for the whole group: it then runs
+# alone, which finds the user's free seq or the user coupon with its key. The statement reads no
+# user coupon row to find a taken seq: the insert's conflict check is an index probe whatever the
+# plan, where a lookup of its own was planned by the table's statistics, and a web process keeps
+# the plan for its connection's life (one made on an empty table read every user coupon of the
+# coupon, statement after statement). The answer has one row per requested row, by its ordinal.
 _GROUP_SQL = """
 WITH coupon AS (
     SELECT id, name, claim_opens_at, claim_closes_at, expires_at, valid_for, per_user_limit
@@ -382,16 +385,14 @@ WITH coupon AS (
         COALESCE(c.claim_opens_at <= r.at
             AND (c.claim_closes_at IS NULL OR c.claim_closes_at > r.at)
             AND (c.expires_at IS NULL OR c.expires_at > r.at), false) AS claimable,
-        r.seq BETWEEN 1 AND c.per_user_limit AND NOT EXISTS (
-            SELECT 1 FROM {user_coupon} u
-            WHERE u.coupon_id = c.id AND u.user_id = r.user_id AND u.seq = r.seq
-        ) AS seq_free
+        r.seq BETWEEN 1 AND c.per_user_limit AS seq_in_limit
     FROM unnest(
         %(user_ids)s::bigint[], %(seqs)s::integer[], %(ats)s::timestamptz[], %(keys)s::text[]
     ) WITH ORDINALITY AS r(user_id, seq, at, idempotency_key, ordinal)
     LEFT JOIN coupon c ON true
 ), ready AS (
-    SELECT *, row_number() OVER (ORDER BY ordinal) AS n FROM request WHERE claimable AND seq_free
+    SELECT *, row_number() OVER (ORDER BY ordinal) AS n FROM request
+    WHERE claimable AND seq_in_limit
 ), pick AS (
     SELECT s.id, s.stock - s.claimed AS free FROM {shard} s
     WHERE s.coupon_id = %(coupon_id)s AND s.claimed < s.stock AND EXISTS (SELECT 1 FROM ready)
@@ -413,7 +414,7 @@ WITH coupon AS (
     INSERT INTO {task} (user_coupon_id, expire_at, status, created_at, updated_at)
     SELECT id, expires_at, %(pending)s, claimed_at, claimed_at FROM claimed
 )
-SELECT r.ordinal, r.claimable, r.seq_free, chosen.ordinal IS NOT NULL,
+SELECT r.ordinal, r.claimable, r.seq_in_limit, chosen.ordinal IS NOT NULL,
     claimed.id, claimed.expires_at, c.name
 FROM request r
 LEFT JOIN chosen ON chosen.ordinal = r.ordinal

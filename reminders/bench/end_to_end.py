@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -31,15 +30,15 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from couponcenter.core.db.times import aware_time
-from couponcenter.core.redis import broker_queue_delete
 from couponcenter.coupons.bench.lateness import lateness_summary
 from couponcenter.coupons.bench.progress import Progress
 from couponcenter.coupons.models import Coupon
 from reminders import metrics
 from reminders.bench import backlog as backlog_bench
 from reminders.bench import engine as engine_bench
+from reminders.bench.namespace import bench_namespace
 from reminders.bench.processes import bench_processes
-from reminders.bench.tables import delete_bench_rows, delete_keys, vacuum_analyze
+from reminders.bench.tables import delete_bench_rows, vacuum_analyze
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms
 from reminders.engine.keys import slot_for
@@ -328,10 +327,6 @@ def run(
     """The burst and steady phases, without and with pre-staging. ``backlog``: then once more
     the steady phase without pre-staging, with that many reminders pending a day ahead in the
     same slots (``steady_*_with_backlog``)."""
-    prefix = f"ccbench-{uuid.uuid4().hex[:8]}"
-    settings.REDIS_KEY_PREFIX = prefix
-    delivery_queue = f"bench-{uuid.uuid4().hex[:8]}"
-    settings.DELIVERY_QUEUE = delivery_queue
     live = reminder_settings_get(max_age_s=0)
     result: dict[str, Any] = {
         "database": connection.vendor,
@@ -339,7 +334,8 @@ def run(
         "batch_size": live.batch_size,
         "slots": live.slots,
     }
-    try:
+    # Each phase deletes its own rows as it ends; the namespace's keys and queue go with it.
+    with bench_namespace(lambda: None, logger.warning) as (prefix, delivery_queue):
         raw = engine_bench.bench_raw_lua(count)
         claim_ack = engine_bench.bench_claim_ack(count)
         result.update(
@@ -384,7 +380,4 @@ def run(
         # The headline of the burst: p99 from the due second to the inbox, with and without.
         result["burst_p99_ms_without_prestage"] = result.get("burst_lateness_p99_ms")
         result["burst_p99_ms"] = result.get("prestaged_burst_lateness_p99_ms")
-    finally:
-        delete_keys(prefix)
-        broker_queue_delete(delivery_queue)
     return result

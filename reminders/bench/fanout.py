@@ -43,10 +43,18 @@ from couponcenter.core.webhooks import SECRET_PREFIX, signature, signed_headers
 from couponcenter.coupons.bench import load_generators
 from couponcenter.coupons.bench.http import WRK_PLAIN_SCRIPT
 from couponcenter.coupons.bench.progress import Progress
+from reminders.bench.namespace import bench_namespace
 from reminders.bench.nginx import LOG_FLUSH_S, Arrival, Nginx, nginx_binary, nginx_receiver
 from reminders.bench.peers import BULLMQ_VERSION, npm_package
 from reminders.bench.processes import timeout_worker_process
-from reminders.bench.timeouts import FAR, _cleanup, _create, _move_due, _topic, quiet_database
+from reminders.bench.timeouts import (
+    FAR,
+    _cleanup_rows,
+    _create,
+    _move_due,
+    _topic,
+    quiet_database,
+)
 from reminders.handlers.timeout_jobs import job_payload
 from reminders.models import TimeoutJob
 
@@ -281,41 +289,36 @@ def run(
             f"{' '.join(missing)} (make bench does)"
         )
     progress = progress or _noop
-    prefix = f"ccbench-{uuid.uuid4().hex[:8]}"
-    settings.REDIS_KEY_PREFIX = prefix
     secret = SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
     result: dict[str, Any] = {"fanout_count": count, "fanout_concurrency": concurrency}
-    try:
-        _cleanup(prefix, (TOPIC,))
-        with nginx_receiver() as nginx:
-            say(f"fan-out: wrk, {concurrency} connections, {wrk_seconds:.0f} s, on nginx (204)")
-            result.update(
-                bench_wrk(nginx, seconds=wrk_seconds, connections=concurrency, secret=secret)
+    with (
+        bench_namespace(lambda: _cleanup_rows((TOPIC,)), say) as (prefix, _),
+        nginx_receiver() as nginx,
+    ):
+        say(f"fan-out: wrk, {concurrency} connections, {wrk_seconds:.0f} s, on nginx (204)")
+        result.update(bench_wrk(nginx, seconds=wrk_seconds, connections=concurrency, secret=secret))
+        say(f"fan-out: ours, {count:,} http jobs due together, concurrency {concurrency}")
+        result.update(
+            bench_ours(
+                nginx,
+                count=count,
+                concurrency=concurrency,
+                secret=secret,
+                prefix=prefix,
+                progress=progress,
             )
-            say(f"fan-out: ours, {count:,} http jobs due together, concurrency {concurrency}")
+        )
+        if bullmq:
+            say(f"fan-out: BullMQ, {count:,} jobs, concurrency {concurrency}, fetch")
             result.update(
-                bench_ours(
+                bench_bullmq(
                     nginx,
                     count=count,
                     concurrency=concurrency,
                     secret=secret,
-                    prefix=prefix,
                     progress=progress,
                 )
             )
-            if bullmq:
-                say(f"fan-out: BullMQ, {count:,} jobs, concurrency {concurrency}, fetch")
-                result.update(
-                    bench_bullmq(
-                        nginx,
-                        count=count,
-                        concurrency=concurrency,
-                        secret=secret,
-                        progress=progress,
-                    )
-                )
-    finally:
-        _cleanup(prefix, (TOPIC,))
     result.update(ratios(result))
     return result
 

@@ -23,10 +23,10 @@ end (the rows too). The worker and the receiver it runs beside itself are in
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -42,9 +42,12 @@ from couponcenter.coupons import accounts
 from couponcenter.coupons.bench.http import Gunicorn, server_env
 from couponcenter.coupons.bench.lateness import lateness_summary
 from couponcenter.coupons.bench.progress import Progress
+from reminders.bench.namespace import bench_namespace
 from reminders.bench.processes import receiver_process, timeout_worker_process
 from reminders.models import TimeoutJob, TimeoutTopic
 from reminders.services import timeout_jobs_bulk_create, timeout_jobs_rebuild, timeout_topic_save
+
+logger = logging.getLogger(__name__)
 
 BURST_TOPIC, SLOW_TOPIC, STEADY_TOPIC, API_TOPIC = (
     "bench.http",
@@ -327,14 +330,6 @@ def bench_api(*, bulk_jobs: int, cancels: int, progress: Progress) -> dict[str, 
 _sessions = threading.local()
 
 
-def _cleanup(prefix: str, topics: tuple[str, ...] = TOPICS) -> None:
-    _cleanup_rows(topics)
-    client = get_redis()
-    batch = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    for i in range(0, len(batch), 1000):
-        client.delete(*batch[i : i + 1000])
-
-
 def _cleanup_rows(topics: tuple[str, ...] = TOPICS) -> None:
     """The bench topics' rows and topics (also at the start: a run that was killed left its
     own, which a new worker's rebuild would index and fire in the middle of this run)."""
@@ -360,11 +355,8 @@ def run(
     log_dir: str | None = None,
 ) -> dict[str, Any]:
     progress = progress or _noop
-    prefix = f"ccbench-{uuid.uuid4().hex[:8]}"
-    settings.REDIS_KEY_PREFIX = prefix
     result: dict[str, Any] = {"database": connection.vendor, "concurrency": concurrency}
-    try:
-        _cleanup_rows()
+    with bench_namespace(_cleanup_rows, logger.warning) as (prefix, _):
         quiet_database()
         with receiver_process() as receiver:
             result.update(bench_raw(receiver, count=raw_count, threads=concurrency))
@@ -393,6 +385,4 @@ def run(
             result["burst_delivered_per_s"] / max(1, result["raw_receiver_per_s"]), 2
         )
         result.update(bench_api(bulk_jobs=bulk_jobs, cancels=cancels, progress=progress))
-    finally:
-        _cleanup(prefix)
     return result

@@ -19,6 +19,7 @@ from couponcenter.core.webhooks import SECRET_PREFIX, signature
 from reminders.bench import fanout
 from reminders.bench.nginx import Nginx, nginx_receiver
 from reminders.bench.peers import BULLMQ_VERSION, npm_package
+from reminders.bench.tables import delete_keys
 from reminders.handlers.timeout_jobs import job_payload
 from reminders.models import TimeoutJob, TimeoutTopic
 
@@ -43,7 +44,8 @@ def prefix(settings):
     prefix = f"cctest-fanout-{uuid.uuid4().hex[:8]}"
     settings.REDIS_KEY_PREFIX = prefix
     yield prefix
-    fanout._cleanup(prefix, (fanout.TOPIC,))
+    fanout._cleanup_rows((fanout.TOPIC,))
+    delete_keys(prefix)
 
 
 def test_our_figures_are_every_job_arriving_once_signed_with_the_topic_secret(prefix):
@@ -73,7 +75,7 @@ def test_our_figures_are_every_job_arriving_once_signed_with_the_topic_secret(pr
 
 def test_the_command_reports_ours_beside_wrk_and_leaves_nothing_behind(settings):
     settings.DEBUG = True  # the command refuses to load and delete data otherwise
-    settings.REDIS_KEY_PREFIX = settings.REDIS_KEY_PREFIX  # restored afterwards: the run sets it
+    before = settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE
     out, err = StringIO(), StringIO()
     call_command(
         "bench_fanout", "--count", "200", "--concurrency", "2", "--wrk-seconds", "1",
@@ -87,7 +89,9 @@ def test_the_command_reports_ours_beside_wrk_and_leaves_nothing_behind(settings)
     assert "target >= 0.2" in err.getvalue()  # the verdicts are printed beside the figures
     assert not TimeoutJob.objects.filter(topic=fanout.TOPIC).exists()
     assert not TimeoutTopic.objects.filter(name=fanout.TOPIC).exists()
-    assert not list(get_redis().scan_iter(match=f"{settings.REDIS_KEY_PREFIX}:*", count=1000))
+    # The run's keys were its own namespace's, gone with it; this process's settings are back.
+    assert before == (settings.REDIS_KEY_PREFIX, settings.DELIVERY_QUEUE)
+    assert not list(get_redis().scan_iter(match="ccbench-*", count=1000))
 
 
 def test_the_bullmq_worker_posts_every_webhook_once_signed():

@@ -52,10 +52,10 @@ from couponcenter.ops.bench.day_traffic import (
     Traffic,
     reminder_base,
 )
-from couponcenter.ops.bench.namespace import bench_namespace
 from expiry.bench.sweep import CLAIMS_LOAD_SQL
 from expiry.models import ExpiryTask
 from reminders.bench.end_to_end import _inbox_lateness_ms
+from reminders.bench.namespace import bench_namespace
 from reminders.bench.nginx import Nginx, nginx_receiver
 from reminders.engine import queue
 from reminders.engine.clock import epoch_ms

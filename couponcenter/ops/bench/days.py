@@ -65,7 +65,6 @@ from couponcenter.core.redis import get_redis
 from couponcenter.coupons.bench.progress import Progress
 from couponcenter.coupons.models import Coupon, UserCoupon
 from couponcenter.ops.bench import autovacuum_guard, sweeper_child
-from couponcenter.ops.bench.namespace import bench_namespace
 from couponcenter.ops.bench.report import DAYS_RATE_KEEPS as RATE_KEEPS
 from couponcenter.ops.bench.report import DAYS_SIZE_GROWS as SIZE_GROWS
 from expiry import services as expiry_services
@@ -74,6 +73,7 @@ from expiry.models import ExpirySettings, ExpiryTask
 from expiry.partitioning import pending_tasks_table
 from expiry.retention import expiry_retention
 from reminders.bench.end_to_end import prestage_window
+from reminders.bench.namespace import bench_namespace
 from reminders.bench.nginx import Nginx, NginxMissing, nginx_missing, nginx_receiver
 from reminders.bench.processes import bench_processes
 from reminders.engine import queue

@@ -11,7 +11,7 @@ from django.conf import settings
 
 from couponcenter.celery import app as celery_app
 from couponcenter.core.redis import broker_client, get_redis
-from couponcenter.ops.bench.namespace import bench_namespace
+from reminders.bench.namespace import bench_namespace
 
 
 def _keys_naming(client, name: str) -> list[bytes]:
@@ -48,7 +48,7 @@ django.setup()
 import kombu
 from couponcenter.celery import app
 from couponcenter.core.redis import get_redis
-from couponcenter.ops.bench.namespace import bench_namespace
+from reminders.bench.namespace import bench_namespace
 
 with bench_namespace(lambda: None, print) as (prefix, queue):
     get_redis().set(f"{prefix}:held", "1")

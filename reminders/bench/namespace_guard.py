@@ -10,7 +10,7 @@ processes (its workers, which the kernel stops when the run dies, and which writ
 prefix until they have) to end, then deletes them, with the run's environment (its Redis and its
 broker).
 
-    python -m couponcenter.ops.bench.namespace_guard <key prefix> <delivery queue>
+    python -m reminders.bench.namespace_guard <key prefix> <delivery queue>
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from django.conf import settings
 
 from couponcenter.core.redis import broker_queue_delete
-from couponcenter.ops.bench import namespace_guard
+from reminders.bench import namespace_guard
 from reminders.bench.tables import delete_keys
 
 
@@ -51,7 +51,7 @@ def _guard(prefix: str, delivery_queue: str) -> subprocess.Popen:
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "couponcenter.settings"),
     }
-    argv = [sys.executable, "-m", "couponcenter.ops.bench.namespace_guard", prefix, delivery_queue]
+    argv = [sys.executable, "-m", "reminders.bench.namespace_guard", prefix, delivery_queue]
     return subprocess.Popen(
         argv, stdin=subprocess.PIPE, env=env, cwd=settings.BASE_DIR, start_new_session=True
     )

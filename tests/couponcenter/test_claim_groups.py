@@ -168,9 +168,8 @@ def test_a_groups_statement_reads_no_user_coupon_whatever_the_statistics_say():
     """Seen in bench_rush on a new database: the group's statement was planned while the user
     coupon table was empty, and its check of each row's seq became a hash of the coupon's user
     coupons, read in full by every statement. The generic plan a web process keeps lives as long
-    as its connection, so the rush slowed as the table grew (PostgreSQL at 0.41 of the machine
-    against 0.16, winners at half the rate). The statement must not read the table at all: a
-    seq taken meanwhile is the insert's conflict, whatever the table's size."""
+    as its connection, so the rush slowed as the table grew. The statement must not read the
+    table at all: a seq taken meanwhile is the insert's conflict, whatever the table's size."""
     statement = claim_groups._group_prepared(False)
     probe = "PREPARE plan_probe" + statement._prepare.removeprefix(f"PREPARE {statement.key}")
     now = timezone.now()

@@ -173,17 +173,26 @@ def test_a_groups_statement_reads_no_user_coupon_whatever_the_statistics_say():
     statement = claim_groups._group_prepared(False)
     probe = "PREPARE plan_probe" + statement._prepare.removeprefix(f"PREPARE {statement.key}")
     now = timezone.now()
-    params = [1, [1, 2], [1, 1], [now, now], [None, None], 0, "active", "unused", "pending"]
+    values = {
+        "coupon_id": 1,
+        "user_ids": [1, 2],
+        "seqs": [1, 1],
+        "ats": [now, now],
+        "keys": [None, None],
+        "start": 0,
+        "active": Coupon.Status.ACTIVE,
+        "unused": UserCoupon.Status.UNUSED,
+        "pending": ExpiryTask.Status.PENDING,
+    }
+    params = [values[name] for name, _ in statement.params]
     table = UserCoupon._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {table}")  # empty: the statistics of a new database
         cursor.execute("SET plan_cache_mode = force_generic_plan")
         try:
             cursor.execute(probe)
-            cursor.execute(
-                "EXPLAIN (FORMAT JSON) EXECUTE plan_probe(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                params,
-            )
+            placeholders = ", ".join(["%s"] * len(params))
+            cursor.execute(f"EXPLAIN (FORMAT JSON) EXECUTE plan_probe({placeholders})", params)
             plan = cursor.fetchone()[0]
         finally:
             cursor.execute("DEALLOCATE ALL")

@@ -64,7 +64,7 @@ from django.utils import timezone
 from couponcenter.core.redis import get_redis
 from couponcenter.coupons.bench.progress import Progress
 from couponcenter.coupons.models import Coupon, UserCoupon
-from couponcenter.ops.bench import autovacuum_guard, sweeper_child
+from couponcenter.ops.bench import autovacuum_guard, machine_reference, sweeper_child
 from couponcenter.ops.bench.report import DAYS_RATE_KEEPS as RATE_KEEPS
 from couponcenter.ops.bench.report import DAYS_SIZE_GROWS as SIZE_GROWS
 from expiry import services as expiry_services
@@ -225,14 +225,20 @@ def _day(day: int, shape: Shape, progress: Progress, receiver: Nginx) -> dict[st
     marks = {model: _max_pk(model) for model in TABLES}
     buffers = buffer_stats()
     figures: dict[str, Any] = {"day": day, "block_size": _block_size()}
+    # The machine's own speed, sampled between the day's phases (``machine_reference``).
+    reference = [_reference_sample()]
     coupon, rounds = _claims(day, shape, progress)
     # The night's rounds between the day's other phases (NIGHT_ROUNDS).
     night = [_night_round(day, coupon, rounds[0])]
     figures["inbox_burst_per_s"], figures["inbox"] = _reminder_burst(day, shape, progress)
+    reference.append(_reference_sample())
     night.append(_night_round(day, coupon, rounds[1]))
     timeouts = _order_timeouts(day, shape, progress, receiver, before=marks[TimeoutJob])
     figures.update(timeouts)
     night.append(_night_round(day, coupon, rounds[2]))
+    reference.append(_reference_sample())
+    figures["reference"] = machine_reference.day_reference(reference)
+    figures["reference_per_s"] = figures["reference"]["per_s"]
     figures["night_rounds"] = night
     figures["expiry_sweep_per_s"] = round(statistics.median(r["per_s"] for r in night))
     figures["expired"] = sum(r["expired"] for r in night)
@@ -244,6 +250,11 @@ def _day(day: int, shape: Shape, progress: Progress, receiver: Nginx) -> dict[st
     figures["autovacuum_wait_s"] = autovacuum_round(shape.autovacuum_wait_s)
     figures["tables"] = table_stats()
     return figures
+
+
+def _reference_sample() -> dict[str, Any]:
+    with service_heap():  # the harness's heap is not the machine's speed
+        return machine_reference.measure()
 
 
 # --- claims and the night ------------------------------------------------------------------------
@@ -818,6 +829,18 @@ def summary(days: list[dict[str, Any]], shape: Shape) -> dict[str, Any]:
     # rate swings by a fifth or more on a shared machine, and the line says whether the days
     # between trend down or only the end points differ.
     trend = {rate: _fitted_last_of_first([d[f"{rate}_per_s"] for d in days]) for rate in RATES}
+    # Each rate over the machine's own speed that day (``machine_reference``): the service's
+    # figure with the machine's drift between the days taken out, and the machine's drift alone.
+    machine = (
+        round(last["reference_per_s"] / first["reference_per_s"], 3)
+        if first["reference_per_s"]
+        else None
+    )
+    of_reference = {rate: _of_reference(first, last, rate) for rate in RATES}
+    trend_of_reference = {
+        rate: _fitted_last_of_first([d[f"{rate}_per_s"] / d["reference_per_s"] for d in days])
+        for rate in RATES
+    }
     steady_day = min(shape.retention_days + 1, len(days))
     steady = _total_bytes(days[steady_day - 1])
     grows = round(_total_bytes(last) / steady, 3) if steady else None
@@ -834,6 +857,9 @@ def summary(days: list[dict[str, Any]], shape: Shape) -> dict[str, Any]:
     return {
         "day_last_of_first": keeps,
         "day_trend_last_of_first": trend,
+        "reference_last_of_first": machine,
+        "day_last_of_first_of_reference": of_reference,
+        "day_trend_last_of_first_of_reference": trend_of_reference,
         "steady_day": steady_day,
         "table_bytes_steady": steady,
         "table_bytes_last": _total_bytes(last),
@@ -857,8 +883,22 @@ def summary(days: list[dict[str, Any]], shape: Shape) -> dict[str, Any]:
             if partitioned
             else None,
         },
+        # The same target read on the rates over the machine's speed of their day: beside the
+        # verdict above, not instead of it.
+        "met_of_reference": {
+            f"day_last_of_first_of_reference.{r}": k is not None and k >= RATE_KEEPS
+            for r, k in of_reference.items()
+        },
         "partitioned_tables": partitioned,
     }
+
+
+def _of_reference(first: dict[str, Any], last: dict[str, Any], rate: str) -> float | None:
+    """The last day's ``rate`` over its reference, against the first day's over its own."""
+    key = f"{rate}_per_s"
+    if not (first[key] and first["reference_per_s"] and last["reference_per_s"]):
+        return None
+    return round((last[key] / last["reference_per_s"]) / (first[key] / first["reference_per_s"]), 3)
 
 
 def _fitted_last_of_first(rates: list[float]) -> float | None:
@@ -885,8 +925,10 @@ def day_line(day: dict[str, Any]) -> str:
     rounds = " / ".join(f"{night['per_s']:,}" for night in day["night_rounds"])
     created = " / ".join(f"{r:,}" for r in day["timeout_create_rounds_per_s"])
     fired = " / ".join(f"{r:,}" for r in day["timeout_fire_rounds_per_s"])
+    references = " / ".join(f"{r['per_s']:,}" for r in day["reference"]["samples"])
     return (
-        f"day {day['day']}: sweep {day['expiry_sweep_per_s']:,}/s (median of rounds {rounds}), "
+        f"day {day['day']}: machine reference {day['reference_per_s']:,} rows/s (median of "
+        f"{references}); sweep {day['expiry_sweep_per_s']:,}/s (median of rounds {rounds}), "
         f"inbox {day['inbox_burst_per_s']:,}/s, timeouts created {day['timeout_create_per_s']:,}/s "
         f"(median of rounds {created}; whole {day['timeout_create_whole_per_s']:,}/s) "
         f"fired {day['timeout_fire_per_s']:,}/s (median of rounds {fired}; whole "
@@ -915,10 +957,10 @@ def report_lines(result: dict[str, Any]) -> list[str]:
     lines.append(
         "| day | "
         + " | ".join(f"{r} /s" for r in RATES)
-        + " | MiB | dead at day end | autovacuum's round s | dead / live after it "
-        "| buffer hits | MiB read |"
+        + " | machine reference rows/s | MiB | dead at day end | autovacuum's round s "
+        "| dead / live after it | buffer hits | MiB read |"
     )
-    lines.append("| --- " * (len(RATES) + 7) + "|")
+    lines.append("| --- " * (len(RATES) + 8) + "|")
     for day in result["days"]:
         tables = day["tables"].values()
         dead = sum(t["dead_tuples"] for t in tables)
@@ -926,7 +968,8 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         rates = " | ".join(f"{day[f'{r}_per_s']:,}" for r in RATES)
         read = _read_mib(day["buffers"], day["block_size"])
         lines.append(
-            f"| {day['day']} | {rates} | {_total_bytes(day) / 2**20:,.1f} "
+            f"| {day['day']} | {rates} | {day['reference_per_s']:,} "
+            f"| {_total_bytes(day) / 2**20:,.1f} "
             f"| {sum(day['dead_tuples_at_day_end'].values()):,} | {day['autovacuum_wait_s']} "
             f"| {dead:,} / {live:,} | {_hit_share(day['buffers'])} | {read:,.1f} |"
         )
@@ -977,7 +1020,7 @@ def report_lines(result: dict[str, Any]) -> list[str]:
             f"| {t['live_tuples']:,} | {t['dead_tuples']:,} | {result['dead_share_max'][table]} "
             f"| {result['dead_share_max_at_day_end'][table]} |"
         )
-    met = result.get("met", {})
+    met = {**result.get("met", {}), **result.get("met_of_reference", {})}
 
     def verdict(key: str) -> str:
         value = met.get(key)
@@ -985,11 +1028,19 @@ def report_lines(result: dict[str, Any]) -> list[str]:
 
     lines.append("")
     trend = result.get("day_trend_last_of_first", {})
+    of_reference = result.get("day_last_of_first_of_reference", {})
+    trend_of_reference = result.get("day_trend_last_of_first_of_reference", {})
+    lines.append(
+        f"the machine's own speed (the reference): last day / first day = "
+        f"{result.get('reference_last_of_first')}"
+    )
     for rate, ratio in result.get("day_last_of_first", {}).items():
         lines.append(
             f"{rate}: last day / first day = {ratio} (target >= {RATE_KEEPS}): "
             f"{verdict(f'day_last_of_first.{rate}')}; the line fitted through every day: "
-            f"{trend.get(rate)}"
+            f"{trend.get(rate)}; over the machine's speed of each day: {of_reference.get(rate)} "
+            f"({verdict(f'day_last_of_first_of_reference.{rate}')}), fitted "
+            f"{trend_of_reference.get(rate)}"
         )
     lines.append(
         f"total size: last day / day {result.get('steady_day')} (first at full retention) = "
@@ -1137,3 +1188,4 @@ def _cleanup() -> None:
                 if cursor.rowcount < 50_000:
                     break
     TimeoutTopic.objects.filter(name=TOPIC).delete()
+    machine_reference.drop()

@@ -292,6 +292,21 @@ def _days_figures(days: dict[str, Any]) -> list[Figure]:
         )
         for rate, ratio in days["day_last_of_first"].items()
     ]
+    # The same rates, each over the machine's own speed on its day (``machine_reference``).
+    of_reference = days.get("day_last_of_first_of_reference") or {}
+    rows += [
+        Figure(
+            f"days: {rate.replace('_', ' ')} on day {n}, over the machine's speed that day",
+            round(last[f"{rate}_per_s"] / last["reference_per_s"], 4),
+            "of the reference",
+            "day 1",
+            round(first[f"{rate}_per_s"] / first["reference_per_s"], 4),
+            ratio,
+            f">= {DAYS_RATE_KEEPS} of day 1",
+            ratio is not None and ratio >= DAYS_RATE_KEEPS,
+        )
+        for rate, ratio in of_reference.items()
+    ]
     grows = days.get("table_bytes_last_of_steady")
     rows.append(
         Figure(
@@ -451,6 +466,7 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
     # bench_days: per rate, its last day over its first; the size's last day over its steady one.
     days = result.get("days", {})
     out["day_last_of_first"] = days.get("day_last_of_first")
+    out["day_last_of_first_of_reference"] = days.get("day_last_of_first_of_reference")
     out["table_bytes_last_of_steady"] = days.get("table_bytes_last_of_steady")
     out["fanout_of_wrk"] = result.get("fanout", {}).get("fanout_of_wrk")
     out["fanout_of_bullmq"] = result.get("fanout", {}).get("fanout_of_bullmq")

@@ -53,10 +53,12 @@ def test_every_performance_target_reads_as_a_ratio_of_the_run():
         "fanout_of_wrk": 0.2,
         "fanout_of_bullmq": 1.6,
         "day_last_of_first": None,  # bench_days did not run
+        "day_last_of_first_of_reference": None,
         "table_bytes_last_of_steady": None,
     }
     assert set(ratios) == set(report.RATIO_TARGETS) | {
         "day_last_of_first",
+        "day_last_of_first_of_reference",
         "table_bytes_last_of_steady",
     }
 
@@ -114,12 +116,15 @@ def test_the_rush_rows_judge_each_stock_against_its_own_target():
 DAYS = {
     "days": [
         {"day": 1, "expiry_sweep_per_s": 1000, "inbox_burst_per_s": 2000,
-         "timeout_create_per_s": 3000, "timeout_fire_per_s": 400},
+         "timeout_create_per_s": 3000, "timeout_fire_per_s": 400, "reference_per_s": 100_000},
         {"day": 2, "expiry_sweep_per_s": 950, "inbox_burst_per_s": 1000,
-         "timeout_create_per_s": 3000, "timeout_fire_per_s": 400},
+         "timeout_create_per_s": 3000, "timeout_fire_per_s": 400, "reference_per_s": 50_000},
     ],
     "day_last_of_first": {"expiry_sweep": 0.95, "inbox_burst": 0.5, "timeout_create": 1.0,
                           "timeout_fire": 1.0},
+    # The machine at half its day 1 speed on day 2.
+    "day_last_of_first_of_reference": {"expiry_sweep": 1.9, "inbox_burst": 1.0,
+                                       "timeout_create": 2.0, "timeout_fire": 2.0},
     "steady_day": 2,
     "table_bytes_steady": 100 * 2**20,
     "table_bytes_last": 120 * 2**20,
@@ -138,6 +143,10 @@ def test_bench_days_ratios_are_in_the_json_and_judged_in_the_table():
     size = rows["days: tables and indexes on day 2"]
     assert (size.value, size.raw_value, size.ratio, size.met) == (120.0, 100.0, 1.2, False)
     assert report.ratios({})["day_last_of_first"] is None
+    # Beside each, the same rate over the machine's own speed of its day.
+    assert ratios["day_last_of_first_of_reference"] == DAYS["day_last_of_first_of_reference"]
+    inbox = rows["days: inbox burst on day 2, over the machine's speed that day"]
+    assert (inbox.value, inbox.raw_value, inbox.ratio, inbox.met) == (0.02, 0.02, 1.0, True)
 
 
 def test_bench_day_ratios_are_in_the_json():

@@ -27,7 +27,7 @@ from couponcenter.core.redis import broker_client, get_redis
 from couponcenter.core.retention import table_partitioned
 from couponcenter.coupons.bench.http import database_url
 from couponcenter.coupons.models import Coupon, UserCoupon
-from couponcenter.ops.bench import days
+from couponcenter.ops.bench import days, machine_reference
 from expiry.models import ExpirySettings, ExpiryTask
 from expiry.services import expiry_settings_get
 from reminders.bench import nginx
@@ -131,6 +131,10 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
             assert len(per_round) == days.TIMEOUT_ROUNDS and all(r > 0 for r in per_round)
             assert day[f"{rate}_per_s"] == sorted(per_round)[1]
         assert all(isinstance(what, str) for what in day["timeout_fire_autovacuum_beside"])
+        # The machine's own speed, sampled three times a day; the day's figure their median.
+        samples = day["reference"]["samples"]
+        assert len(samples) == 3 and all(s["per_s"] > 0 for s in samples)
+        assert day["reference_per_s"] == sorted(s["per_s"] for s in samples)[1]
     # Retention (one day) removes the day before's processed tasks, re-dated a day back, each day.
     removed = [d["retention_removed"][ExpiryTask._meta.db_table] for d in result["days"]]
     if table_partitioned(ExpiryTask._meta.db_table):
@@ -143,6 +147,11 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
     assert set(result["day_last_of_first"]) == set(days.RATES)
     assert all(ratio > 0 for ratio in result["day_last_of_first"].values())
     assert set(result["day_trend_last_of_first"]) == set(days.RATES)
+    assert result["reference_last_of_first"] > 0
+    assert set(result["day_last_of_first_of_reference"]) == set(days.RATES)
+    assert set(result["met_of_reference"]) == {
+        f"day_last_of_first_of_reference.{rate}" for rate in days.RATES
+    }
     assert result["steady_day"] == 2
     assert result["table_bytes_last_of_steady"] > 0
     assert result["met"]["days_at_least_3x_retention"] is True
@@ -166,6 +175,7 @@ def test_a_tiny_calendar_runs_every_day_for_real_and_puts_everything_back(
     assert not TimeoutJob.objects.filter(topic=days.TOPIC).exists()
     assert not TimeoutTopic.objects.filter(name=days.TOPIC).exists()
     assert not Notification.objects.filter(user_id__gte=days.USER_BASE).exists()
+    assert machine_reference.TABLE not in connection.introspection.table_names()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -392,3 +402,64 @@ def test_the_wal_counters_grow_with_what_is_written():
     after = days.wal_stats()
     assert after["records"] - before["records"] >= 10_000
     assert after["bytes"] > before["bytes"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_machine_reference_does_its_fixed_work_on_a_table_of_its_own_and_drops_it():
+    machine_reference.create()  # what a run killed in the middle of a sample leaves
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {machine_reference.TABLE} VALUES (1, 1, 'x', 'y', now(), '')")
+
+    sample = machine_reference.measure()  # it counts its rows: a short count raises
+
+    assert sample["insert_per_s"] > 0 and sample["update_per_s"] > 0
+    # Every row inserted and updated, over the two halves' seconds together.
+    assert min(sample["insert_per_s"], sample["update_per_s"]) <= sample["per_s"]
+    assert sample["per_s"] <= max(sample["insert_per_s"], sample["update_per_s"])
+    assert machine_reference.TABLE not in connection.introspection.table_names()
+
+
+def _calendar_day(day: int, reference: int, **rates: int) -> dict:
+    return {
+        "day": day,
+        "reference_per_s": reference,
+        **{f"{rate}_per_s": rates.get(rate, 1000) for rate in days.RATES},
+        "tables": {"t": {"table_bytes": 1, "index_bytes": 1, "live_tuples": 10,
+                         "dead_tuples": 0, "partitioned": True}},
+        "dead_tuples_at_day_end": {"t": 0},
+        "autovacuum_wait_s": 0.0,
+    }  # fmt: skip
+
+
+def test_a_rate_read_over_the_machine_s_speed_tells_a_slower_machine_from_a_slower_service():
+    shape = days.Shape(days=3, retention_days=1, claims=1, reminders=1, timeouts=1)
+    # The machine and every path 20 % slower on the last day, but for the inbox, which held.
+    slower_machine = [
+        _calendar_day(1, 100_000),
+        _calendar_day(2, 90_000, expiry_sweep=900, inbox_burst=1000, timeout_create=900,
+                      timeout_fire=900),
+        _calendar_day(3, 80_000, expiry_sweep=800, inbox_burst=1000, timeout_create=800,
+                      timeout_fire=800),
+    ]  # fmt: skip
+
+    result = days.summary(slower_machine, shape)
+
+    assert result["reference_last_of_first"] == 0.8
+    # The target as written reads the rates alone: not met.
+    assert result["day_last_of_first"]["timeout_create"] == 0.8
+    assert result["met"]["day_last_of_first.timeout_create"] is False
+    # Over the machine's speed of each day, the service held; the inbox gained on the machine.
+    assert result["day_last_of_first_of_reference"] == {
+        "expiry_sweep": 1.0, "inbox_burst": 1.25, "timeout_create": 1.0, "timeout_fire": 1.0
+    }  # fmt: skip
+    assert result["day_trend_last_of_first_of_reference"]["timeout_create"] == 1.0
+    assert all(result["met_of_reference"].values())
+
+    # The service 20 % slower on the same machine: both readings say so.
+    slower_service = [_calendar_day(1, 100_000), _calendar_day(3, 100_000, timeout_create=800)]
+    result = days.summary(slower_service, shape)
+    assert result["day_last_of_first_of_reference"]["timeout_create"] == 0.8
+    assert result["met_of_reference"]["day_last_of_first_of_reference.timeout_create"] is False
+    assert result["met"]["day_last_of_first.timeout_create"] is False
+    lines = days.report_lines({**result, "days": [], "shape": shape.__dict__})
+    assert "over the machine's speed of each day: 0.8 (NOT MET)" in "\n".join(lines)
